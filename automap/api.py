@@ -1,0 +1,227 @@
+"""The public API: ``automap.automap`` / ``automap.partition``, :class:`Partitioned` and :class:`Plan`."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+from jax import tree_util
+from jax.sharding import Mesh, NamedSharding
+
+from automap import _compat, emit
+from automap.ir.lower import lower
+from automap.ir.program import Program
+from automap.propagate import Reshard, reshards
+from automap.report import format_report
+from automap.shardings import ShardingState, Spec
+from automap.trace import Traced, feedback_pairs, trace
+
+
+def make_mesh(axes: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
+    """A device mesh with ``AxisType.Auto`` axes, e.g. ``make_mesh({"data": 2, "model": 4})``.
+
+    >>> mesh = make_mesh({"data": 1})
+    >>> dict(mesh.shape)
+    {'data': 1}
+    """
+    names = tuple(axes)
+    shape = tuple(int(axes[n]) for n in names)
+    need = 1
+    for s in shape:
+        need *= s
+    available = len(devices) if devices is not None else jax.device_count()
+    if need > available:
+        raise ValueError(
+            f"mesh {dict(axes)} needs {need} devices but {available} are available; on CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={need} before importing jax"
+        )
+    return _compat.auto_mesh(shape, names, devices)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    """A sharding plan for one abstract signature of a function on one mesh."""
+
+    mesh: Mesh
+    traced: Traced
+    program: Program
+    state: ShardingState
+    pins: frozenset[int]
+    out_specs: tuple[Spec, ...]  # flat, after tying fed-back outputs to their inputs
+    notes: tuple[str, ...] = ()
+    reasons: Mapping[int, str] = dataclasses.field(default_factory=dict)  # input value id -> why
+
+    @property
+    def in_shardings(self) -> Any:
+        """A pytree of ``NamedSharding`` matching the (non-static) arguments."""
+        leaves = emit.shardings(self.state, self.mesh, self.program.inputs)
+        return tree_util.tree_unflatten(self.traced.in_tree, leaves)
+
+    @property
+    def out_shardings(self) -> Any:
+        """A pytree of ``NamedSharding`` matching the outputs."""
+        return tree_util.tree_unflatten(self.traced.out_tree, self._flat_out_shardings())
+
+    def _flat_out_shardings(self) -> list[NamedSharding]:
+        from automap.shardings import to_partition_spec
+
+        return [NamedSharding(self.mesh, to_partition_spec(s)) for s in self.out_specs]
+
+    @functools.cached_property
+    def reshards(self) -> tuple[Reshard, ...]:
+        """The collectives the plan implies, op by op (what the cost model prices)."""
+        return tuple(reshards(self.state))
+
+    def report(self) -> str:
+        """A readable table: per input leaf its shape, spec, bytes per device and why."""
+        return format_report(self)
+
+    def check_args(self, args: Sequence[Any], static_argnums: Sequence[int] = ()) -> list[Any]:
+        """Flatten ``args`` and check them against the plan's structure, shapes and dtypes."""
+        static = set(static_argnums)
+        dynamic = tuple(a for i, a in enumerate(args) if i not in static)
+        leaves, tree = tree_util.tree_flatten(dynamic)
+        if tree != self.traced.in_tree:
+            raise ValueError(
+                "arguments do not have the structure the plan was made for:\n"
+                f"  plan:  {self.traced.in_tree}\n  given: {tree}\n"
+                "replan for these arguments (call .plan(*args)) or pass arguments of the planned structure"
+            )
+        for path, leaf, aval in zip(self.program.input_paths, leaves, self.traced.in_avals, strict=True):
+            shape, dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", None)
+            if shape != tuple(aval.shape) or (dtype is not None and jax.numpy.dtype(dtype) != aval.dtype):
+                raise ValueError(
+                    f"argument '{path}' has shape {shape} and dtype {dtype}, but the plan was made for "
+                    f"{tuple(aval.shape)} {aval.dtype}; replan for the new shapes"
+                )
+        return leaves
+
+
+class Partitioned:
+    """A function planned and compiled for a mesh; see :func:`automap`."""
+
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        mesh: Mesh,
+        tactics: Sequence[Any] | None = None,
+        search: Any = None,
+        memory_budget: int | str | None = None,
+        topology: Any = None,
+        donate_argnums: Sequence[int] = (),
+        static_argnums: Sequence[int] = (),
+        strict: bool = False,
+        pins: emit.PinPolicy = "anchors",
+        plan: Plan | None = None,
+    ):
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"mesh must be a jax.sharding.Mesh (see automap.make_mesh), got {type(mesh).__name__}")
+        self.fn = fn
+        self.mesh = mesh
+        self.tactics = tuple(tactics) if tactics is not None else None
+        self.search = search
+        self.memory_budget = memory_budget
+        self.topology = topology
+        self.donate_argnums = tuple(donate_argnums)
+        self.static_argnums = tuple(static_argnums)
+        self.strict = strict
+        self.pins = pins
+        self._fixed_plan = plan
+        self._plans: dict[Any, Plan] = {}
+        self._compiled: dict[Any, Any] = {}
+        functools.update_wrapper(self, fn)
+
+    # -- planning ------------------------------------------------------------------------------
+    def _signature(self, args: Sequence[Any]) -> Any:
+        static = tuple((i, args[i]) for i in self.static_argnums)
+        dynamic = tuple(a for i, a in enumerate(args) if i not in set(self.static_argnums))
+        leaves, tree = tree_util.tree_flatten(dynamic)
+        avals = tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+        return static, tree, avals
+
+    def plan(self, *args: Any) -> Plan:
+        """Plan for these arguments (arrays or ``jax.ShapeDtypeStruct``); runs nothing."""
+        if self._fixed_plan is not None:
+            self._fixed_plan.check_args(args, self.static_argnums)
+            return self._fixed_plan
+        key = self._signature(args)
+        if key not in self._plans:
+            from automap.planner import make_plan
+
+            self._plans[key] = make_plan(
+                self.fn, args, self.mesh, tactics=self.tactics, static_argnums=self.static_argnums,
+                strict=self.strict, pins=self.pins,
+            )
+        return self._plans[key]
+
+    def _jitted(self, plan: Plan) -> Any:
+        if id(plan) not in self._compiled:
+            dynamic = [i for i in range(len(plan.traced.arg_names) + len(self.static_argnums)) if i not in set(self.static_argnums)]
+            donated_args = {dynamic.index(i) for i in self.donate_argnums if i in dynamic}
+            donate = tuple(k for k, a in enumerate(plan.traced.leaf_arg) if a in donated_args)
+            self._compiled[id(plan)] = emit.compile_plan(
+                plan.state, self.mesh, pins=plan.pins, out_specs=plan._flat_out_shardings(), donate_argnums=donate
+            )
+        return self._compiled[id(plan)]
+
+    def lower(self, *args: Any) -> Any:
+        """The ``jax.stages.Lowered`` of exactly what ``__call__`` runs."""
+        plan = self.plan(*args)
+        leaves = plan.check_args(args, self.static_argnums)
+        abstract = [_compat_abstract(x) for x in leaves]
+        return self._jitted(plan).lower(*abstract)
+
+    def __call__(self, *args: Any) -> Any:
+        plan = self.plan(*args)
+        leaves = plan.check_args(args, self.static_argnums)
+        placed = [_place(x, s) for x, s in zip(leaves, emit.shardings(plan.state, self.mesh, plan.program.inputs), strict=True)]
+        outs = self._jitted(plan)(*placed)
+        return tree_util.tree_unflatten(plan.traced.out_tree, outs)
+
+
+def _compat_abstract(x: Any) -> jax.ShapeDtypeStruct:
+    from automap.trace import abstractify
+
+    return abstractify(x)
+
+
+def _place(x: Any, sharding: NamedSharding) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        raise TypeError("cannot run on jax.ShapeDtypeStruct arguments: pass arrays (use .plan() or .lower() to plan only)")
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+        return x
+    return jax.device_put(x, sharding)
+
+
+def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
+    """Partition ``fn`` over ``mesh`` automatically; use as ``@automap.automap(mesh=mesh)``.
+
+    Keywords: ``tactics`` (a list of tactics applied in order; default: shard the batch over
+    every mesh axis that divides it), ``search``, ``memory_budget``, ``topology``,
+    ``donate_argnums``, ``static_argnums``, ``strict`` (error on primitives without a rule),
+    ``pins`` (which intermediates get sharding constraints), ``plan`` (a fixed Plan).
+
+    >>> import jax, jax.numpy as jnp, automap
+    >>> mesh = automap.make_mesh({"data": 1})
+    >>> @automap.automap(mesh=mesh)
+    ... def step(w, x):
+    ...     return jnp.tanh(x @ w).sum()
+    >>> round(float(step(jnp.ones((4, 2)), jnp.ones((8, 4)))), 3)
+    15.989
+    """
+    if fn is None:
+        return lambda f: Partitioned(f, mesh=mesh, **options)
+    return Partitioned(fn, mesh=mesh, **options)
+
+
+def partition(fn: Callable, *, mesh: Mesh, **options: Any) -> Partitioned:
+    """The same as :func:`automap` without decorator syntax: ``partition(train_step, mesh=mesh)``.
+
+    >>> import jax.numpy as jnp, automap
+    >>> p = partition(lambda x: x * 2, mesh=automap.make_mesh({"data": 1}))
+    >>> p.plan(jnp.ones(4)).program.summary()
+    'Program: 1 inputs, 1 outputs, 1 ops (0 regions), 3 values, 1 primitives'
+    """
+    return Partitioned(fn, mesh=mesh, **options)

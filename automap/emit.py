@@ -1,0 +1,163 @@
+"""Emission: a plan becomes a ``jax.jit`` of the program replayed with sharding constraints.
+
+The lowered :class:`~automap.ir.program.Program` is replayed op by op (``eqn.primitive.bind``),
+with ``jax.lax.with_sharding_constraint`` after the values the plan pins. ``scan`` bodies are
+replayed inside a new ``jax.lax.scan`` (so their values get constraints too), inlined remat calls
+are wrapped in ``jax.checkpoint`` again, ``cond``/``while`` are re-bound as they were.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Literal, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from automap.ir.program import Op, Program
+from automap.shardings import ShardingState
+
+PinPolicy = Literal["all", "anchors", "none"]
+ANCHOR_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "gather", "scatter_add", "scatter-add"})
+
+
+def pinned_values(state: ShardingState, policy: PinPolicy = "anchors") -> frozenset[int]:
+    """The values that get a sharding constraint.
+
+    ``anchors``: results of contractions and embedding lookups/updates (what fixes the layout
+    of the activations, e.g. batch-sharded under FSDP), whatever their spec; ``all``: every
+    intermediate; ``none``: only the inputs and outputs are fixed.
+    """
+    if policy == "none":
+        return frozenset()
+    program = state.program
+    out = set()
+    for op in program.all_ops:
+        if op.regions:
+            continue
+        if policy == "all" or op.primitive in ANCHOR_PRIMITIVES:
+            out.update(v for v in op.outputs if _constrainable(program, v))
+    return frozenset(out)
+
+
+def _constrainable(program: Program, vid: int) -> bool:
+    v = program.values[vid]
+    try:
+        return v.ndim > 0 and np.dtype(v.dtype).kind in "biufc"
+    except TypeError:  # PRNG keys and other extended dtypes
+        return False
+
+
+class _Replay:
+    def __init__(self, state: ShardingState, mesh: Mesh, pins: frozenset[int]):
+        self.program = state.program
+        self.state = state
+        self.mesh = mesh
+        self.pins = pins
+
+    def sharding(self, vid: int) -> NamedSharding:
+        return NamedSharding(self.mesh, self.state.partition_spec(vid))
+
+    def get(self, env: dict, vid: int) -> Any:
+        if vid in env:
+            return env[vid]
+        value = self.program.values[vid]
+        if value.kind in ("literal", "const"):
+            return value.literal
+        raise KeyError(f"value {value!r} used before it is defined")
+
+    def put(self, env: dict, vid: int, x: Any) -> None:
+        if vid in self.pins:
+            x = jax.lax.with_sharding_constraint(x, self.sharding(vid))
+        env[vid] = x
+
+    def run(self, ops: Sequence[Op], env: dict, depth: int = 0) -> None:
+        i = 0
+        while i < len(ops):
+            op = ops[i]
+            if len(op.remat) > depth:
+                rid = op.remat[depth]
+                j = i
+                while j < len(ops) and len(ops[j].remat) > depth and ops[j].remat[depth] == rid:
+                    j += 1
+                self.run_remat(ops[i:j], rid, env, depth)
+                i = j
+                continue
+            self.run_op(op, env)
+            i += 1
+
+    def run_remat(self, ops: Sequence[Op], rid: int, env: dict, depth: int) -> None:
+        call = self.program.remat_calls[rid]
+
+        def body(*args: Any) -> list[Any]:
+            inner = dict(zip(call.inputs, args, strict=True))
+            self.run(ops, inner, depth + 1)
+            return [self.get(inner, v) for v in call.outputs]
+
+        params = call.params
+        fn = jax.checkpoint(body, prevent_cse=params.get("prevent_cse", True), policy=params.get("policy"))
+        outs = fn(*[self.get(env, v) for v in call.inputs])
+        for vid, x in zip(call.outputs, outs, strict=True):
+            if vid not in env:
+                self.put(env, vid, x)
+
+    def run_op(self, op: Op, env: dict) -> None:
+        args = [self.get(env, v) for v in op.inputs]
+        if op.primitive == "scan":
+            outs = self.run_scan(op, args)
+        else:
+            outs = op.eqn.primitive.bind(*args, **op.params)
+            if not op.eqn.primitive.multiple_results:
+                outs = [outs]
+        for vid, x in zip(op.outputs, outs, strict=True):
+            self.put(env, vid, x)
+
+    def run_scan(self, op: Op, args: list[Any]) -> list[Any]:
+        (region,) = op.regions
+        p = op.params
+        nc, nk = p["num_consts"], p["num_carry"]
+        consts, init, xs = args[:nc], args[nc : nc + nk], args[nc + nk :]
+
+        def body(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            env: dict[int, Any] = {}
+            for vid, val in zip(region.inputs, list(consts) + list(carry) + list(x), strict=True):
+                self.put(env, vid, val)
+            self.run(region.ops, env)
+            outs = [self.get(env, v) for v in region.outputs]
+            return outs[:nk], outs[nk:]
+
+        carry, ys = jax.lax.scan(
+            body, list(init), list(xs), length=p["length"], reverse=p["reverse"], unroll=p.get("unroll", 1)
+        )
+        return list(carry) + list(ys)
+
+
+def replay_fn(state: ShardingState, mesh: Mesh, pins: Iterable[int]) -> Callable[..., list[Any]]:
+    """A function of the program's flat inputs returning its flat outputs, with constraints."""
+    replay = _Replay(state, mesh, frozenset(pins))
+    program = state.program
+
+    def fn(*flat: Any) -> list[Any]:
+        env: dict[int, Any] = dict(zip(program.inputs, flat, strict=True))
+        replay.run(program.ops, env)
+        return [replay.get(env, v) for v in program.outputs]
+
+    return fn
+
+
+def shardings(state: ShardingState, mesh: Mesh, vids: Sequence[int]) -> list[NamedSharding]:
+    return [NamedSharding(mesh, state.partition_spec(v)) for v in vids]
+
+
+def compile_plan(
+    state: ShardingState,
+    mesh: Mesh,
+    *,
+    pins: Iterable[int],
+    out_specs: Sequence[Any] | None = None,
+    donate_argnums: Sequence[int] = (),
+) -> Any:
+    """``jax.jit`` of the replayed program with the plan's in/out shardings (flat arguments)."""
+    program = state.program
+    ins = shardings(state, mesh, program.inputs)
+    outs = shardings(state, mesh, program.outputs) if out_specs is None else list(out_specs)
+    return jax.jit(replay_fn(state, mesh, pins), in_shardings=ins, out_shardings=outs, donate_argnums=tuple(donate_argnums))

@@ -1,0 +1,143 @@
+"""The partitioning IR: values, ops and regions.
+
+A :class:`Program` is a flat list of :class:`Op` over :class:`Value` s. Nested calls (jit,
+custom_jvp/vjp, remat, name) are inlined by :mod:`automap.ir.lower`; ``scan``, ``cond`` and
+``while`` keep their bodies as :class:`Region` s attached to their op. Every op carries the
+factor rule of its primitive. For ``scan``/``cond``/``while`` the rule *links* the outer operands
+and results to the region's inputs and outputs (``Op.linked_inputs`` / ``linked_outputs``), so
+propagation treats a loop exactly like any other op and analyses its body once.
+
+Value ids are unique across all regions of a program.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Iterator, Literal, Mapping
+
+import numpy as np
+
+from automap.rules.registry import FactorRule
+
+Phase = Literal["input", "forward", "backward", "optimizer"]
+ValueKind = Literal["input", "intermediate", "literal", "const", "region_input"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Value:
+    id: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    name: str
+    kind: ValueKind
+    phase: Phase
+    itemsize: int
+    region: int = 0  # 0: top level; else the id of the Region that defines it
+    literal: Any = None  # the Python/numpy value of a literal or a const
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+
+    def __repr__(self) -> str:
+        dims = ",".join(map(str, self.shape))
+        return f"Value(#{self.id} {self.name} {self.dtype}[{dims}])"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Region:
+    """A body analysed once and run ``trips`` times per execution of its op."""
+
+    id: int
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    ops: tuple["Op", ...]
+    trips: int = 1
+    role: str = "body"  # "body" | "branch" | "cond"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Op:
+    id: int
+    primitive: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    rule: FactorRule
+    name: str  # module path from the name stack, e.g. "GPT/blocks_0/attn"
+    source: str  # "file.py:12 (fn)"
+    phase: Phase
+    params: Mapping[str, Any]
+    eqn: Any = None  # the JaxprEqn it came from (replayed by emission)
+    regions: tuple[Region, ...] = ()
+    linked_inputs: tuple[int, ...] = ()  # values the rule's operands refer to
+    linked_outputs: tuple[int, ...] = ()  # values the rule's results refer to
+    has_rule: bool = True  # False: the replicate-around default was used
+    remat: tuple[int, ...] = ()  # ids of the enclosing inlined remat calls, outermost first
+
+    def __repr__(self) -> str:
+        return f"Op(#{self.id} {self.primitive} {self.name} in={self.inputs} out={self.outputs})"
+
+
+@dataclasses.dataclass(frozen=True)
+class RematCall:
+    """An inlined ``remat``/``checkpoint`` call; emission wraps its ops in ``jax.checkpoint`` again."""
+
+    id: int
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    params: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """A lowered function: ``inputs``/``outputs`` are value ids in flattened pytree order."""
+
+    values: tuple[Value, ...]  # indexed by id
+    ops: tuple[Op, ...]  # top-level ops in program order
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    input_paths: tuple[str, ...]
+    output_paths: tuple[str, ...]
+    remat_calls: Mapping[int, RematCall] = dataclasses.field(default_factory=dict)
+
+    def value(self, vid: int) -> Value:
+        return self.values[vid]
+
+    def walk(self) -> Iterator[tuple[Op, int]]:
+        """Every op, nested regions included (after their op), with its trip multiplier."""
+
+        def rec(ops: tuple[Op, ...], mult: int) -> Iterator[tuple[Op, int]]:
+            for op in ops:
+                yield op, mult
+                for region in op.regions:
+                    yield from rec(region.ops, mult * region.trips)
+
+        return rec(self.ops, 1)
+
+    @functools.cached_property
+    def all_ops(self) -> tuple[Op, ...]:
+        return tuple(op for op, _ in self.walk())
+
+    @functools.cached_property
+    def users(self) -> Mapping[int, tuple[Op, ...]]:
+        """value id -> ops whose rule refers to it (as operand or result), in program order."""
+        out: dict[int, list[Op]] = {}
+        for op in self.all_ops:
+            for vid in dict.fromkeys(op.linked_inputs + op.linked_outputs):
+                out.setdefault(vid, []).append(op)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def primitives(self) -> set[str]:
+        return {op.primitive for op in self.all_ops}
+
+    def summary(self) -> str:
+        ops = self.all_ops
+        n_regions = sum(len(op.regions) for op in ops)
+        return (
+            f"Program: {len(self.inputs)} inputs, {len(self.outputs)} outputs, {len(ops)} ops "
+            f"({n_regions} regions), {len(self.values)} values, {len(self.primitives())} primitives"
+        )

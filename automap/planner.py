@@ -1,0 +1,50 @@
+"""From a function and example arguments to a :class:`~automap.api.Plan`: trace, lower, run the
+tactic schedule (and, later, the search), tie fed-back outputs to their inputs, choose pins."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from jax.sharding import Mesh
+
+from automap import emit
+from automap.ir.lower import lower
+from automap.shardings import ShardingState
+from automap.trace import feedback_pairs, trace
+
+
+def make_plan(
+    fn: Callable,
+    args: Sequence[Any],
+    mesh: Mesh,
+    *,
+    tactics: Sequence[Any] | None = None,
+    static_argnums: Sequence[int] = (),
+    strict: bool = False,
+    pins: emit.PinPolicy = "anchors",
+) -> Any:
+    from automap.api import Plan
+    from tactics import PlanContext, batch_over_all_axes, run_schedule
+
+    traced = trace(fn, args, static_argnums=static_argnums)
+    program = lower(traced.closed_jaxpr, traced.in_paths, traced.out_paths, strict=strict)
+    axes = {str(k): int(v) for k, v in mesh.shape.items()}
+    pairs = feedback_pairs(traced)
+    state_inputs = tuple(sorted({program.inputs[i] for i in pairs.values()}))
+    data_inputs = tuple(v for v in program.inputs if v not in set(state_inputs))
+    ctx = PlanContext(program, axes, data_inputs, state_inputs)
+    schedule = list(tactics) if tactics is not None else [batch_over_all_axes()]
+    result = run_schedule(schedule, ctx, ShardingState.initial(program, axes))
+    state = result.state
+
+    # outputs that feed back as inputs keep the input's sharding (no resharding between steps)
+    out_specs = [state.spec(v) for v in program.outputs]
+    specs = dict(state.specs)
+    inputs = set(program.inputs)
+    for o, i in pairs.items():
+        want = state.spec(program.inputs[i])
+        out_specs[o] = want
+        vid = program.outputs[o]
+        if vid not in inputs and state.spec(vid) != want:
+            specs[vid] = want
+    state = state.replace(specs=specs)
+    return Plan(mesh, traced, program, state, emit.pinned_values(state, pins), tuple(out_specs), result.notes, result.reasons)

@@ -1,0 +1,76 @@
+"""``plan.report()``: a readable table of the plan, its implied collectives and its reasons."""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+
+from automap.shardings import format_spec
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+def format_report(plan: Any) -> str:
+    program, state = plan.program, plan.state
+    mesh_desc = " x ".join(f"{k}={v}" for k, v in state.axes.items())
+    n_dev = int(np.prod(list(state.axes.values())))
+    rows = [("input", "shape", "dtype", "spec", "bytes/device", "why")]
+    total_global = total_dev = 0
+    for vid, path in zip(program.inputs, program.input_paths, strict=True):
+        v = program.values[vid]
+        spec = state.spec(vid)
+        reasons = []
+        for d in range(v.ndim):
+            why = state.why(vid, d)
+            if why and why not in reasons:
+                reasons.append(why)
+        if vid in plan.reasons:
+            why = plan.reasons[vid]
+        elif reasons:
+            why = "propagated from " + "; ".join(reasons)
+        else:
+            why = "replicated"
+        per_dev = state.bytes_per_device(vid)
+        total_global += v.nbytes
+        total_dev += per_dev
+        rows.append((path, str(v.shape), _dtype_name(v.dtype), format_spec(spec), human_bytes(per_dev), why))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [f"automap plan on mesh {mesh_desc} ({n_dev} devices): {program.summary()}"]
+    for r in rows:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
+    lines.append(
+        f"  inputs: {human_bytes(total_dev)} per device of {human_bytes(total_global)} in all "
+        f"({total_global / max(total_dev, 1):.2f}x split)"
+    )
+    by_kind: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for r in plan.reshards:
+        by_kind[r.kind][0] += r.count
+        by_kind[r.kind][1] += r.bytes * r.count
+    if by_kind:
+        lines.append("  collectives implied per step (count, bytes per device):")
+        for kind in sorted(by_kind):
+            count, nbytes = by_kind[kind]
+            lines.append(f"    {kind:<15} {count:>5}  {human_bytes(nbytes)}")
+    else:
+        lines.append("  collectives implied per step: none")
+    lines.append(f"  pinned intermediates: {len(plan.pins)}")
+    missing = sorted({op.primitive for op in program.all_ops if not op.has_rule})
+    if missing:
+        lines.append(f"  replicated around (no factor rule): {', '.join(missing)}")
+    for note in plan.notes:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)

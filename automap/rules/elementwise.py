@@ -1,0 +1,49 @@
+"""Elementwise primitives: every dim is one parallel factor shared by operands and results."""
+from __future__ import annotations
+
+from typing import Any
+
+from automap.rules.registry import FactorRule, RuleContext, def_elementwise, einsum, letters, register, replicated
+
+def_elementwise(
+    # arithmetic
+    "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "neg", "abs", "sign",
+    "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "nextafter", "atan2",
+    # transcendental
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "lgamma", "digamma",
+    # rounding and tests
+    "floor", "ceil", "round", "is_finite",
+    # comparisons and logic
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "select_n", "clamp",
+    "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz",
+    # conversions and identities
+    "convert_element_type", "reduce_precision", "copy", "copy_p", "real", "imag", "conj", "complex",
+    "sharding_constraint", "stop_gradient", "threefry2x32", "random_fold_in",
+)
+
+
+@register("bitcast_convert_type")
+def _bitcast(ctx: RuleContext, **_: Any) -> FactorRule:
+    """Same width: elementwise. Otherwise a minor dim appears or vanishes; leading dims are shared."""
+    (x,), (y,) = ctx.operands, ctx.results
+    common = min(x.ndim, y.ndim)
+    term = letters(common)
+    lhs = term + "." * (x.ndim - common)
+    rhs = term + "." * (y.ndim - common)
+    return einsum(ctx, f"{lhs}->{rhs}")
+
+
+@register("optimization_barrier", "device_put")
+def _per_operand_identity(ctx: RuleContext, **_: Any) -> FactorRule:
+    """Operand i and result i share every dim (multi-operand identities)."""
+    if len(ctx.operands) != len(ctx.results):
+        return replicated(ctx)
+    used = ""
+    ins, outs = [], []
+    for s in ctx.operands:
+        term = letters(s.ndim, skip=used)
+        used += term
+        ins.append(term)
+        outs.append(term)
+    return einsum(ctx, ",".join(ins) + "->" + ",".join(outs))

@@ -1,0 +1,98 @@
+"""Indexing: gather (embedding lookups), scatter(-add) (their gradients), dynamic slices.
+
+A dim that is *indexed* can still be sharded: each device looks up the rows it holds and
+contributes zeros elsewhere, so for gather the indexed dim is a reduction factor (a partial
+sum, all-reduced: the vocab-parallel embedding of Megatron), and for scatter-add it is a
+parallel factor of operand and result while the update's batch dims are reductions.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from automap.rules.registry import FactorRule, RuleContext, einsum, letters, register
+
+
+@register("gather")
+def _gather(ctx: RuleContext, *, dimension_numbers: Any, slice_sizes: Any, **_: Any) -> FactorRule:
+    operand, indices = ctx.operands
+    out = ctx.results[0]
+    dn = dimension_numbers
+    offset_dims = tuple(dn.offset_dims)
+    collapsed = set(dn.collapsed_slice_dims)
+    indexed = set(dn.start_index_map)
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    idx_batch = tuple(getattr(dn, "start_indices_batching_dims", ()))
+    pool = iter(letters(operand.ndim + indices.ndim + out.ndim))
+    oterm = ["."] * out.ndim
+    iterm = ["."] * indices.ndim
+    pterm = ["."] * operand.ndim
+    batch_out = [d for d in range(out.ndim) if d not in offset_dims]
+    for idim, odim in zip(range(indices.ndim - 1), batch_out, strict=True):
+        c = next(pool)
+        iterm[idim] = oterm[odim] = c
+    for pd, idim in zip(op_batch, idx_batch, strict=True):
+        pterm[pd] = iterm[idim]
+    window = [d for d in range(operand.ndim) if d not in collapsed and d not in op_batch]
+    for pd, odim in zip(window, offset_dims, strict=True):
+        if pd not in indexed and slice_sizes[pd] == operand.shape[pd]:
+            c = next(pool)
+            pterm[pd] = oterm[odim] = c
+    for pd in indexed:
+        if pd in collapsed and pterm[pd] == ".":
+            pterm[pd] = next(pool)  # appears in no result: a reduction factor
+    return einsum(ctx, f"{''.join(pterm)},{''.join(iterm)}->{''.join(oterm)}")
+
+
+def _scatter_rule(ctx: RuleContext, dn: Any, combine: bool) -> FactorRule:
+    operand, indices, updates = ctx.operands[:3]
+    update_window = tuple(dn.update_window_dims)
+    inserted = set(dn.inserted_window_dims)
+    indexed = set(dn.scatter_dims_to_operand_dims)
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    idx_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
+    pool = iter(letters(operand.ndim + indices.ndim + updates.ndim))
+    pterm = [next(pool) for _ in range(operand.ndim)]
+    iterm = ["."] * indices.ndim
+    uterm = ["."] * updates.ndim
+    scatter_dims = [d for d in range(updates.ndim) if d not in update_window]
+    blocked = ""
+    for idim, ud in zip(range(indices.ndim - 1), scatter_dims, strict=True):
+        c = next(pool)
+        iterm[idim] = uterm[ud] = c
+        if not combine:
+            blocked += c  # overwriting scatters cannot sum partial results
+    for pd, idim in zip(op_batch, idx_batch, strict=True):
+        iterm[idim] = pterm[pd]
+    window = [d for d in range(operand.ndim) if d not in inserted and d not in op_batch]
+    for pd, ud in zip(window, update_window, strict=True):
+        if pd not in indexed and updates.shape[ud] == operand.shape[pd]:
+            uterm[ud] = pterm[pd]
+    terms = [''.join(pterm), ''.join(iterm), ''.join(uterm)]
+    return einsum(ctx, ",".join(terms) + "->" + ",".join(''.join(pterm) for _ in ctx.results), blocked=blocked)
+
+
+@register("scatter_add", "scatter-add", "scatter_mul", "scatter_min", "scatter_max")
+def _scatter_combine(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
+    return _scatter_rule(ctx, dimension_numbers, combine=True)
+
+
+@register("scatter")
+def _scatter(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
+    return _scatter_rule(ctx, dimension_numbers, combine=False)
+
+
+@register("dynamic_slice")
+def _dynamic_slice(ctx: RuleContext, *, slice_sizes: Any, **_: Any) -> FactorRule:
+    x = ctx.operands[0]
+    term = "".join(c if slice_sizes[i] == x.shape[i] else "." for i, c in enumerate(letters(x.ndim)))
+    return einsum(ctx, ",".join([term] + ["" for _ in ctx.operands[1:]]) + f"->{term}")
+
+
+@register("dynamic_update_slice")
+def _dynamic_update_slice(ctx: RuleContext, **_: Any) -> FactorRule:
+    x, upd = ctx.operands[:2]
+    full = letters(x.ndim)
+    uterm = "".join(c if upd.shape[i] == x.shape[i] else "." for i, c in enumerate(full))
+    blocked = "".join(c for i, c in enumerate(full) if upd.shape[i] != x.shape[i])
+    rest = ["" for _ in ctx.operands[2:]]
+    return einsum(ctx, ",".join([full, uterm] + rest) + f"->{full}", blocked=blocked)

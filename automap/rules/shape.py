@@ -1,0 +1,149 @@
+"""Shape ops: broadcast, reshape (merging and splitting factors), transpose, squeeze, concatenate,
+pad, slice, rev, split, iota."""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from automap.rules.registry import (
+    DimFactors, Factor, FactorRule, RuleContext, einsum, letters, register, replicated,
+)
+
+
+@register("broadcast_in_dim")
+def _broadcast_in_dim(ctx: RuleContext, *, shape: Sequence[int], broadcast_dimensions: Sequence[int], **_: Any) -> FactorRule:
+    out = letters(len(shape))
+    (x, *dyn) = ctx.operands
+    if dyn:
+        return replicated(ctx)
+    term = "".join(
+        out[d] if x.shape[i] == shape[d] else "." for i, d in enumerate(broadcast_dimensions)
+    )
+    return einsum(ctx, f"{term}->{out}")
+
+
+@register("transpose")
+def _transpose(ctx: RuleContext, *, permutation: Sequence[int], **_: Any) -> FactorRule:
+    term = letters(len(permutation))
+    return einsum(ctx, f"{term}->{''.join(term[p] for p in permutation)}")
+
+
+@register("squeeze")
+def _squeeze(ctx: RuleContext, *, dimensions: Sequence[int], **_: Any) -> FactorRule:
+    n = ctx.operands[0].ndim
+    dims = {d % n for d in dimensions}
+    term = "".join("." if i in dims else c for i, c in enumerate(letters(n)))
+    return einsum(ctx, f"{term}->{term.replace('.', '')}")
+
+
+@register("expand_dims")
+def _expand_dims(ctx: RuleContext, *, dimensions: Sequence[int], **_: Any) -> FactorRule:
+    n = ctx.results[0].ndim
+    dims = {d % n for d in dimensions}
+    term = "".join("." if i in dims else c for i, c in enumerate(letters(n)))
+    return einsum(ctx, f"{term.replace('.', '')}->{term}")
+
+
+def _groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """Split two shapes of equal size into runs of dims with equal products (size-1 dims alone)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        if i < len(a) and a[i] == 1:
+            groups.append(([i], []))
+            i += 1
+            continue
+        if j < len(b) and b[j] == 1:
+            groups.append(([], [j]))
+            j += 1
+            continue
+        ga, gb = [i], [j]
+        pa, pb = a[i], b[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                ga.append(i)
+                pa *= a[i]
+                i += 1
+            else:
+                gb.append(j)
+                pb *= b[j]
+                j += 1
+        groups.append((ga, gb))
+    return groups
+
+
+@register("reshape")
+def _reshape(ctx: RuleContext, *, new_sizes: Sequence[int], dimensions: Any = None, **_: Any) -> FactorRule:
+    """Merging dims: the merged dim holds their factors (major first); splitting: the reverse.
+    A run that both splits and merges (e.g. (6, 4) -> (4, 6)) stays whole."""
+    (x,) = ctx.operands[:1]
+    if dimensions is not None or len(ctx.operands) != 1:
+        return replicated(ctx)
+    factors: list[Factor] = []
+    ins: list[DimFactors] = [() for _ in x.shape]
+    outs: list[DimFactors] = [() for _ in new_sizes]
+    for ga, gb in _groups(x.shape, tuple(new_sizes)):
+        if not ga or not gb:
+            continue  # a size-1 dim: nothing to shard
+        if len(ga) == 1 or len(gb) == 1:
+            many, one = (gb, ga) if len(ga) == 1 else (ga, gb)
+            many_shape = new_sizes if len(ga) == 1 else x.shape
+            ids = []
+            for d in many:
+                factors.append(Factor(many_shape[d]))
+                ids.append(len(factors) - 1)
+            target_many = outs if len(ga) == 1 else ins
+            target_one = ins if len(ga) == 1 else outs
+            for d, f in zip(many, ids, strict=True):
+                target_many[d] = (f,)
+            target_one[one[0]] = tuple(ids)
+        else:
+            factors.append(Factor(math.prod(x.shape[d] for d in ga), "blocked"))
+            for d in ga:
+                ins[d] = (len(factors) - 1,)
+            for d in gb:
+                outs[d] = (len(factors) - 1,)
+    return FactorRule(tuple(factors), (tuple(ins),), (tuple(outs),))
+
+
+def _along(ctx: RuleContext, whole: set[int], n_scalar_tail: int = 0) -> FactorRule:
+    """Operands/results of one rank: dims in ``whole`` differ in size (blocked), others shared."""
+    rank = ctx.results[0].ndim
+    term = letters(rank)
+    main = "".join("." if i in whole else c for i, c in enumerate(term))
+    ins = [main if s.ndim == rank else "." * s.ndim for s in ctx.operands]
+    return einsum(ctx, ",".join(ins) + "->" + ",".join(main for _ in ctx.results))
+
+
+@register("concatenate")
+def _concatenate(ctx: RuleContext, *, dimension: int, **_: Any) -> FactorRule:
+    return _along(ctx, {dimension})
+
+
+@register("pad")
+def _pad(ctx: RuleContext, *, padding_config: Sequence[tuple[int, int, int]], **_: Any) -> FactorRule:
+    return _along(ctx, {i for i, cfg in enumerate(padding_config) if tuple(cfg) != (0, 0, 0)})
+
+
+@register("slice")
+def _slice(ctx: RuleContext, **_: Any) -> FactorRule:
+    x, y = ctx.operands[0], ctx.results[0]
+    return _along(ctx, {i for i, (n, m) in enumerate(zip(x.shape, y.shape)) if n != m})
+
+
+@register("rev")
+def _rev(ctx: RuleContext, *, dimensions: Sequence[int], **_: Any) -> FactorRule:
+    term = letters(ctx.operands[0].ndim)
+    return einsum(ctx, f"{term}->{term}", blocked="".join(term[d] for d in dimensions))
+
+
+@register("split")
+def _split(ctx: RuleContext, *, axis: int, **_: Any) -> FactorRule:
+    return _along(ctx, {axis % ctx.operands[0].ndim})
+
+
+@register("iota")
+def _iota(ctx: RuleContext, **_: Any) -> FactorRule:
+    """No operands: each result dim is its own parallel factor (computed where it lives)."""
+    return einsum(ctx, "->" + letters(ctx.results[0].ndim))

@@ -1,0 +1,140 @@
+"""Sharding state: for each value, which mesh axes tile which of its dims.
+
+A spec is a tuple with one entry per dim, each a tuple of mesh axis names (major to minor);
+``()`` is a whole dim. A mesh axis tiles at most one dim of a value. A value absent from
+:attr:`ShardingState.specs` is replicated. Every assigned dim remembers the *priority* of the
+decision it came from (lower is earlier), so that when two decisions disagree at an op the
+earlier one wins and the other becomes a resharding collective.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Mapping
+
+from jax.sharding import PartitionSpec
+
+from automap.ir.program import Program
+
+Spec = tuple[tuple[str, ...], ...]
+
+
+class ShardingError(ValueError):
+    """A sharding that cannot be applied: the message names the value, the dim and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """Tile dim ``dim`` of value ``value`` along mesh axis ``axis``."""
+
+    value: int
+    dim: int
+    axis: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardingState:
+    program: Program
+    axes: Mapping[str, int]  # mesh axis name -> size, in mesh order
+    specs: Mapping[int, Spec] = dataclasses.field(default_factory=dict)
+    priority: Mapping[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    frozen: frozenset[int] = frozenset()  # values whose spec propagation must not change
+    next_priority: int = 0
+    labels: Mapping[int, str] = dataclasses.field(default_factory=dict)  # priority -> why
+
+    def why(self, vid: int, dim: int) -> str:
+        """The decision that sharded this dim (a tactic's label), or '' if it is whole."""
+        if not self.spec(vid)[dim]:
+            return ""
+        return self.labels.get(self.priority.get((vid, dim), -1), "")
+
+    @staticmethod
+    def initial(program: Program, axes: Mapping[str, int]) -> "ShardingState":
+        return ShardingState(program, dict(axes))
+
+    def spec(self, vid: int) -> Spec:
+        got = self.specs.get(vid)
+        if got is None:
+            return tuple(() for _ in self.program.values[vid].shape)
+        return got
+
+    def partition_spec(self, vid: int) -> PartitionSpec:
+        return to_partition_spec(self.spec(vid))
+
+    def shards(self, vid: int) -> int:
+        """Into how many pieces the value is split (the product of the sizes of its axes)."""
+        return math.prod(self.axes[a] for dim in self.spec(vid) for a in dim)
+
+    def bytes_per_device(self, vid: int) -> int:
+        return self.program.values[vid].nbytes // self.shards(vid)
+
+    def key(self) -> frozenset:
+        """Hashable identity of the assignment (for transposition tables)."""
+        return frozenset(self.specs.items())
+
+    def replace(self, **changes: Any) -> "ShardingState":
+        return dataclasses.replace(self, **changes)
+
+    def check_action(self, action: Action) -> None:
+        """Raise :class:`ShardingError` if ``action`` is not legal in this state."""
+        value = self.program.values[action.value]
+        where = f"value '{value.name}' (#{value.id}, shape {value.shape})"
+        if action.axis not in self.axes:
+            raise ShardingError(
+                f"mesh axis '{action.axis}' for {where} is not a mesh axis; the mesh has {tuple(self.axes)}"
+            )
+        if not 0 <= action.dim < value.ndim:
+            raise ShardingError(f"dim {action.dim} is out of range for {where}")
+        spec = self.spec(action.value)
+        for d, axes in enumerate(spec):
+            if action.axis in axes:
+                raise ShardingError(
+                    f"mesh axis '{action.axis}' already tiles dim {d} of {where}; "
+                    "a mesh axis may tile at most one dim of a value"
+                )
+        pieces = math.prod(self.axes[a] for a in spec[action.dim]) * self.axes[action.axis]
+        if value.shape[action.dim] % pieces:
+            raise ShardingError(
+                f"dim {action.dim} of {where} has size {value.shape[action.dim]}, not divisible by "
+                f"{pieces} (mesh axes {spec[action.dim] + (action.axis,)}); choose an axis that divides it "
+                "or pad the dimension"
+            )
+
+
+def to_partition_spec(spec: Spec) -> PartitionSpec:
+    entries: list[Any] = [None if not a else (a[0] if len(a) == 1 else tuple(a)) for a in spec]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
+
+
+def from_partition_spec(pspec: PartitionSpec | Iterable[Any] | None, ndim: int, *, where: str = "value") -> Spec:
+    """A Spec from a ``PartitionSpec`` (``None``, a name or a tuple of names per dim)."""
+    if pspec is None:
+        return tuple(() for _ in range(ndim))
+    entries = list(pspec)
+    if len(entries) > ndim:
+        raise ShardingError(f"PartitionSpec {pspec} has {len(entries)} entries but {where} has only {ndim} dims")
+    out: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for entry in entries + [None] * (ndim - len(entries)):
+        if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+            axes: tuple[str, ...] = ()
+        elif isinstance(entry, str):
+            axes = (entry,)
+        else:
+            axes = tuple(entry)
+        for a in axes:
+            if a in seen:
+                raise ShardingError(f"PartitionSpec {pspec} for {where} uses mesh axis '{a}' twice")
+            seen.add(a)
+        out.append(axes)
+    return tuple(out)
+
+
+def actions_for(vid: int, spec: Spec) -> list[Action]:
+    return [Action(vid, d, a) for d, axes in enumerate(spec) for a in axes]
+
+
+def format_spec(spec: Spec) -> str:
+    return "(" + ", ".join("-" if not a else "+".join(a) for a in spec) + ")"

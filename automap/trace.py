@@ -1,0 +1,119 @@
+"""Abstract tracing: a function and example arguments (arrays or ShapeDtypeStructs) to a
+ClosedJaxpr, with a readable pytree path for every input and output leaf. Nothing runs and no
+device memory is allocated."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Sequence
+
+import jax
+from jax import tree_util
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Traced:
+    closed_jaxpr: Any
+    in_tree: Any  # treedef of the dynamic args tuple
+    out_tree: Any
+    in_paths: tuple[str, ...]
+    out_paths: tuple[str, ...]
+    in_avals: tuple[jax.ShapeDtypeStruct, ...]
+    out_avals: tuple[jax.ShapeDtypeStruct, ...]
+    arg_names: tuple[str, ...]  # one per dynamic argument
+    leaf_arg: tuple[int, ...]  # for each input leaf, the index of its dynamic argument
+
+
+def _key_str(k: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def path_str(prefix: str, path: Sequence[Any]) -> str:
+    return "/".join([prefix] + [_key_str(k) for k in path]) if prefix else "/".join(_key_str(k) for k in path)
+
+
+def arg_names(fn: Callable, n: int, static_argnums: Sequence[int]) -> list[str]:
+    try:
+        params = [
+            p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(n):
+        names.append(params[i] if i < len(params) else f"arg{i}")
+    return [name for i, name in enumerate(names) if i not in set(static_argnums)]
+
+
+def abstractify(x: Any) -> jax.ShapeDtypeStruct:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is None or dtype is None:
+        x = jax.numpy.asarray(x)
+        shape, dtype = x.shape, x.dtype
+    return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def trace(fn: Callable, args: Sequence[Any], *, static_argnums: Sequence[int] = ()) -> Traced:
+    """Trace ``fn(*args)`` abstractly.
+
+    >>> import jax, jax.numpy as jnp
+    >>> t = trace(lambda params, x: x @ params["w"], ({"w": jnp.ones((4, 2))}, jax.ShapeDtypeStruct((8, 4), jnp.float32)))
+    >>> t.in_paths
+    ('params/w', 'x')
+    """
+    static = set(static_argnums)
+    dynamic = [a for i, a in enumerate(args) if i not in static]
+    names = arg_names(fn, len(args), static_argnums)
+    abstract = tree_util.tree_map(abstractify, dynamic)
+
+    def flat_fn(*dyn: Any) -> Any:
+        it = iter(dyn)
+        full = [args[i] if i in static else next(it) for i in range(len(args))]
+        return fn(*full)
+
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*abstract)
+    leaves_with_path, in_tree = tree_util.tree_flatten_with_path(tuple(abstract))
+    in_paths, leaf_arg = [], []
+    for path, _ in leaves_with_path:
+        i = path[0].idx
+        in_paths.append(path_str(names[i], path[1:]))
+        leaf_arg.append(i)
+    out_with_path, out_tree = tree_util.tree_flatten_with_path(out_shape)
+    if isinstance(out_shape, tuple):
+        out_paths = [path_str("out", p) for p, _ in out_with_path]
+    else:
+        out_paths = [path_str("out", p) if p else "out" for p, _ in out_with_path]
+    return Traced(
+        closed, in_tree, out_tree, tuple(in_paths), tuple(out_paths),
+        tuple(leaf for _, leaf in leaves_with_path), tuple(leaf for _, leaf in out_with_path),
+        tuple(names), tuple(leaf_arg),
+    )
+
+
+def feedback_pairs(traced: Traced) -> dict[int, int]:
+    """Output leaf index -> input leaf index for outputs that return an argument's updated value
+    (same pytree structure, shapes and dtypes, e.g. ``state`` in, ``state`` out)."""
+    out = tree_util.tree_unflatten(traced.out_tree, list(range(len(traced.out_avals))))
+    ins = tree_util.tree_unflatten(traced.in_tree, list(range(len(traced.in_avals))))
+    pairs: dict[int, int] = {}
+    out_parts = list(out) if isinstance(out, (tuple, list)) else [out]
+    for part in out_parts:
+        out_leaves, out_def = tree_util.tree_flatten(part)
+        for arg in ins:
+            in_leaves, in_def = tree_util.tree_flatten(arg)
+            if in_def != out_def or not in_leaves:
+                continue
+            if all(
+                traced.out_avals[o].shape == traced.in_avals[i].shape
+                and traced.out_avals[o].dtype == traced.in_avals[i].dtype
+                for o, i in zip(out_leaves, in_leaves, strict=True)
+            ):
+                pairs.update(zip(out_leaves, in_leaves, strict=True))
+                break
+    return pairs

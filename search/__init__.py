@@ -1,0 +1,3 @@
+"""Search over the sharding decisions tactics leave open (MCTS, exact ILP, greedy): coming next."""
+
+__all__: list[str] = []

@@ -1,0 +1,48 @@
+"""The tactic protocol: a small immutable value whose ``__call__`` maps a sharding state to a
+new one (plus notes for the report and the decisions it deliberately left open)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Protocol, Sequence
+
+from automap.ir.program import Program
+from automap.shardings import Action, ShardingState
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanContext:
+    """What a tactic may look at besides the state."""
+
+    program: Program
+    axes: Mapping[str, int]  # mesh axis -> size
+    data_inputs: tuple[int, ...]  # input value ids not returned updated (the batch)
+    state_inputs: tuple[int, ...]  # input value ids returned updated (params, optimizer state)
+
+
+@dataclasses.dataclass(frozen=True)
+class TacticResult:
+    state: ShardingState
+    notes: tuple[str, ...] = ()
+    open: tuple[Action, ...] = ()
+    reasons: Mapping[int, str] = dataclasses.field(default_factory=dict)  # value id -> why (report)
+
+
+class Tactic(Protocol):
+    name: str
+
+    def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult: ...
+
+
+def run_schedule(tactics: Sequence[Tactic], ctx: PlanContext, state: ShardingState) -> TacticResult:
+    """Apply tactics in order; notes and open decisions accumulate."""
+    notes: list[str] = []
+    open_: list[Action] = []
+    reasons: dict[int, str] = {}
+    for tactic in tactics:
+        result = tactic(ctx, state)
+        state = result.state
+        notes.extend(result.notes)
+        open_.extend(result.open)
+        for vid, why in result.reasons.items():
+            reasons.setdefault(vid, why)
+    return TacticResult(state, tuple(notes), tuple(open_), reasons)

@@ -1,0 +1,77 @@
+"""``manual``: a user's partial plan, regular expressions on input pytree paths to PartitionSpecs."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from typing import Mapping, Sequence, Union
+
+from jax.sharding import PartitionSpec
+
+from automap.propagate import apply
+from automap.shardings import ShardingError, ShardingState, actions_for, from_partition_spec
+from tactics.base import PlanContext, TacticResult
+
+Rules = Union[Mapping[str, PartitionSpec], Sequence[tuple[str, PartitionSpec]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Manual:
+    rules: tuple[tuple[str, PartitionSpec], ...]
+    name: str = "manual"
+
+    def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
+        program = ctx.program
+        matched: dict[int, list[int]] = {i: [] for i in range(len(self.rules))}
+        for vid, path in zip(program.inputs, program.input_paths, strict=True):
+            for i, (pattern, _) in enumerate(self.rules):
+                if re.search(pattern, path):
+                    matched[i].append(vid)
+                    break
+        data = set(ctx.data_inputs)
+        # two decisions: the rules on the batch first, then the rest. Activations keep the batch
+        # layout when a parameter's spec disagrees (FSDP gathers the parameter instead).
+        groups: dict[bool, tuple[list, list[int]]] = {True: ([], []), False: ([], [])}
+        notes, reasons = [], {}
+        for i, (pattern, pspec) in enumerate(self.rules):
+            if not matched[i]:
+                warnings.warn(f"manual rule {pattern!r} matched no input path", stacklevel=2)
+                continue
+            for vid in matched[i]:
+                value = program.values[vid]
+                where = f"input '{value.name}' (shape {value.shape}), manual rule {pattern!r} -> {pspec}"
+                spec = from_partition_spec(pspec, value.ndim, where=where)
+                actions, frozen = groups[vid in data]
+                actions.extend((a, where) for a in actions_for(vid, spec))
+                frozen.append(vid)
+                reasons[vid] = f"manual {pattern!r}"
+            notes.append(f"manual {pattern!r} -> {pspec}: {len(matched[i])} inputs")
+        for is_data in (True, False):
+            actions, frozen = groups[is_data]
+            if not frozen:
+                continue
+            for action, where in actions:
+                try:
+                    state.check_action(action)
+                except ShardingError as e:
+                    raise ShardingError(f"{e} ({where})") from None
+            label = "manual rules on the batch" if is_data else "manual rules"
+            state = apply(state, [a for a, _ in actions], freeze=frozen, label=label)
+        return TacticResult(state, tuple(notes), reasons=reasons)
+
+
+def manual(rules: Rules) -> Manual:
+    """A tactic pinning the inputs whose pytree path matches a regex (``re.search``; the first
+    matching rule wins) to a ``PartitionSpec``; everything else follows by propagation.
+
+    >>> from jax.sharding import PartitionSpec as P
+    >>> t = manual({r"kernel$": P(None, "model"), r"^batch/": P("data")})
+    >>> t.rules[0]
+    ('kernel$', PartitionSpec(None, 'model'))
+    """
+    items = tuple(rules.items()) if isinstance(rules, Mapping) else tuple(rules)
+    for pattern, pspec in items:
+        re.compile(pattern)
+        if not isinstance(pspec, PartitionSpec):
+            raise TypeError(f"manual rule {pattern!r}: expected a jax.sharding.PartitionSpec, got {pspec!r}")
+    return Manual(items)
