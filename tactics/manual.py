@@ -67,7 +67,7 @@ def manual(rules: Rules) -> Manual:
     >>> from jax.sharding import PartitionSpec as P
     >>> t = manual({r"kernel$": P(None, "model"), r"^batch/": P("data")})
     >>> t.rules[0]
-    ('kernel$', PartitionSpec(None, 'model'))
+    ('kernel$', P(None, 'model'))
     """
     items = tuple(rules.items()) if isinstance(rules, Mapping) else tuple(rules)
     for pattern, pspec in items:
