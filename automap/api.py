@@ -84,18 +84,39 @@ class Plan:
         leaves, tree = tree_util.tree_flatten(dynamic)
         if tree != self.traced.in_tree:
             raise ValueError(
-                "arguments do not have the structure the plan was made for:\n"
+                f"arguments do not have the structure the plan was made for: {_structure_diff(self.traced, dynamic)}\n"
                 f"  plan:  {self.traced.in_tree}\n  given: {tree}\n"
-                "replan for these arguments (call .plan(*args)) or pass arguments of the planned structure"
+                "pass arguments of the planned structure, or replan for these (call .plan(*args) on a "
+                "function without a fixed plan=)"
             )
         for path, leaf, aval in zip(self.program.input_paths, leaves, self.traced.in_avals, strict=True):
             shape, dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", None)
             if shape != tuple(aval.shape) or (dtype is not None and jax.numpy.dtype(dtype) != aval.dtype):
                 raise ValueError(
                     f"argument '{path}' has shape {shape} and dtype {dtype}, but the plan was made for "
-                    f"{tuple(aval.shape)} {aval.dtype}; replan for the new shapes"
+                    f"{tuple(aval.shape)} {aval.dtype}; pass an argument of the planned shape and dtype, or "
+                    "replan for the new ones (call .plan(*args) on a function without a fixed plan=)"
                 )
         return leaves
+
+
+def _structure_diff(traced: Traced, dynamic: Sequence[Any]) -> str:
+    """Which input paths are missing or unexpected in ``dynamic`` compared with the plan."""
+    from automap.trace import path_str
+
+    names = traced.arg_names
+    if len(dynamic) != len(names):
+        return f"the plan takes {len(names)} arguments ({', '.join(names)}), got {len(dynamic)}"
+    leaves, _ = tree_util.tree_flatten_with_path(tuple(dynamic))
+    given = [path_str(names[p[0].idx], p[1:]) for p, _ in leaves]
+    missing = [p for p in traced.in_paths if p not in set(given)]
+    extra = [p for p in given if p not in set(traced.in_paths)]
+    parts = []
+    if missing:
+        parts.append("missing " + ", ".join(repr(p) for p in missing))
+    if extra:
+        parts.append("unexpected " + ", ".join(repr(p) for p in extra))
+    return "; ".join(parts) or "same paths, different container types"
 
 
 class Partitioned:

@@ -81,7 +81,8 @@ class ShardingState:
         where = f"value '{value.name}' (#{value.id}, shape {value.shape})"
         if action.axis not in self.axes:
             raise ShardingError(
-                f"mesh axis '{action.axis}' for {where} is not a mesh axis; the mesh has {tuple(self.axes)}"
+                f"mesh axis '{action.axis}' for {where} is not a mesh axis; the mesh has {tuple(self.axes)}: "
+                "use one of those names"
             )
         if not 0 <= action.dim < value.ndim:
             raise ShardingError(f"dim {action.dim} is out of range for {where}")
@@ -114,7 +115,10 @@ def from_partition_spec(pspec: PartitionSpec | Iterable[Any] | None, ndim: int, 
         return tuple(() for _ in range(ndim))
     entries = list(pspec)
     if len(entries) > ndim:
-        raise ShardingError(f"PartitionSpec {pspec} has {len(entries)} entries but {where} has only {ndim} dims")
+        raise ShardingError(
+            f"PartitionSpec {pspec} has {len(entries)} entries but {where} has only {ndim} dims; "
+            f"give at most {ndim} entries"
+        )
     out: list[tuple[str, ...]] = []
     seen: set[str] = set()
     for entry in entries + [None] * (ndim - len(entries)):
@@ -126,7 +130,10 @@ def from_partition_spec(pspec: PartitionSpec | Iterable[Any] | None, ndim: int, 
             axes = tuple(entry)
         for a in axes:
             if a in seen:
-                raise ShardingError(f"PartitionSpec {pspec} for {where} uses mesh axis '{a}' twice")
+                raise ShardingError(
+                    f"PartitionSpec {pspec} for {where} uses mesh axis '{a}' twice; a mesh axis may tile "
+                    "at most one dim of a value: remove one of its uses"
+                )
             seen.add(a)
         out.append(axes)
     return tuple(out)

@@ -102,8 +102,8 @@ def feedback_pairs(traced: Traced) -> dict[int, int]:
     out = tree_util.tree_unflatten(traced.out_tree, list(range(len(traced.out_avals))))
     ins = tree_util.tree_unflatten(traced.in_tree, list(range(len(traced.in_avals))))
     pairs: dict[int, int] = {}
-    out_parts = list(out) if isinstance(out, (tuple, list)) else [out]
-    for part in out_parts:
+
+    def match(part: Any) -> bool:
         out_leaves, out_def = tree_util.tree_flatten(part)
         for arg in ins:
             in_leaves, in_def = tree_util.tree_flatten(arg)
@@ -115,5 +115,11 @@ def feedback_pairs(traced: Traced) -> dict[int, int]:
                 for o, i in zip(out_leaves, in_leaves, strict=True)
             ):
                 pairs.update(zip(out_leaves, in_leaves, strict=True))
-                break
+                return True
+        return False
+
+    # the whole output first (``state -> state`` with a tuple/list state), else each part
+    if not match(out) and isinstance(out, (tuple, list)):
+        for part in out:
+            match(part)
     return pairs

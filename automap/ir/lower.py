@@ -5,7 +5,9 @@ bodies as regions, linked to the outer op by a factor rule (see :func:`_link_rul
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+import warnings
 from typing import Any, Sequence
 
 from automap import _compat
@@ -39,6 +41,7 @@ class _Lowering:
         self.n_regions = 0
         self.remat_calls: dict[int, RematCall] = {}
         self.seen_backward = False
+        self.missing_rules: set[str] = set()  # primitives already warned about
 
     # -- values -------------------------------------------------------------------------------
     def new_value(self, aval: Any, name: str, kind: str, phase: Phase, region: int, literal: Any = None) -> int:
@@ -61,7 +64,8 @@ class _Lowering:
     ) -> tuple[list[Op], list[int]]:
         env: dict[Any, int] = {}
         for var, c in zip(jaxpr.constvars, consts, strict=True):
-            env[var] = self.new_value(var.aval, f"{ctx.module}/const", "const", "forward", ctx.region, c)
+            name = f"{ctx.module}/const" if ctx.module else "const"
+            env[var] = self.new_value(var.aval, name, "const", "forward", ctx.region, c)
         for var, vid in zip(jaxpr.invars, in_ids, strict=True):
             env[var] = vid
         ops: list[Op] = []
@@ -114,6 +118,14 @@ class _Lowering:
                 source,
             )
             rule, ok = registry.rule_for(ctx, eqn.params, strict=self.strict)
+            if not ok and prim not in self.missing_rules:
+                self.missing_rules.add(prim)
+                warnings.warn(
+                    f"automap has no factor rule for primitive '{prim}' (at {source}); its operands and "
+                    "results are replicated around it. Register one with automap.rules.register, or pass "
+                    "strict=True to make this an error.",
+                    stacklevel=2,
+                )
             linked_in, linked_out = tuple(in_ids), tuple(out_ids)
         ops.append(
             Op(
@@ -129,8 +141,8 @@ class _Lowering:
         jaxpr, consts = _compat.closed_parts(body)
         inner = scope.child(region=rid, remat=())
         in_ids = [
-            self.new_value(v.aval, f"{scope.module}/{names[i] if i < len(names) else 'arg'}", "region_input",
-                           scope.phase or "forward", rid)
+            self.new_value(v.aval, "/".join(p for p in (scope.module, names[i] if i < len(names) else "arg") if p),
+                           "region_input", scope.phase or "forward", rid)
             for i, v in enumerate(jaxpr.invars)
         ]
         ops, outs = self.lower_jaxpr(jaxpr, consts, in_ids, inner)
@@ -249,6 +261,25 @@ def _link_rule(lowering: _Lowering, eqn: Any, ins: list[int], outs: list[int], r
     return b.rule(linked_in, linked_out), linked_in, linked_out, True
 
 
+def _dead_code_eliminated(ops: list[Op], live: set[int]) -> list[Op]:
+    """Drop ops none of whose results is used (XLA would); regions are cleaned inside too.
+    ``live`` holds the values used after ``ops`` and grows with what the kept ops use."""
+    kept: list[Op] = []
+    for op in reversed(ops):
+        if not op.regions and not any(v in live for v in op.outputs):
+            continue
+        if op.regions:
+            regions = []
+            for r in op.regions:
+                inner_live = set(r.outputs)
+                body = _dead_code_eliminated(list(r.ops), inner_live)
+                regions.append(dataclasses.replace(r, ops=tuple(body)))
+            op = dataclasses.replace(op, regions=tuple(regions))
+        live.update(op.inputs)
+        kept.append(op)
+    return kept[::-1]
+
+
 def lower(
     closed_jaxpr: Any,
     input_paths: Sequence[str],
@@ -269,6 +300,8 @@ def lower(
         lw.new_value(v.aval, path, "input", "input", 0) for v, path in zip(jaxpr.invars, input_paths, strict=True)
     ]
     ops, outs = lw.lower_jaxpr(jaxpr, closed_jaxpr.consts, in_ids, _Scope(None, "", 0, ()))
+    live = set(outs) | {v for call in lw.remat_calls.values() for v in call.outputs}
+    ops = _dead_code_eliminated(ops, live)
     return Program(
         tuple(lw.values), tuple(ops), tuple(in_ids), tuple(outs), tuple(input_paths), tuple(output_paths),
         lw.remat_calls,

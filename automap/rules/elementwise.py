@@ -1,6 +1,7 @@
 """Elementwise primitives: every dim is one parallel factor shared by operands and results."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from automap.rules.registry import FactorRule, RuleContext, def_elementwise, einsum, letters, register, replicated
@@ -19,7 +20,7 @@ def_elementwise(
     "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz",
     # conversions and identities
     "convert_element_type", "reduce_precision", "copy", "copy_p", "real", "imag", "conj", "complex",
-    "sharding_constraint", "stop_gradient", "threefry2x32", "random_fold_in",
+    "sharding_constraint", "stop_gradient", "threefry2x32", "random_fold_in", "random_clone",
 )
 
 
@@ -36,14 +37,17 @@ def _bitcast(ctx: RuleContext, **_: Any) -> FactorRule:
 
 @register("optimization_barrier", "device_put")
 def _per_operand_identity(ctx: RuleContext, **_: Any) -> FactorRule:
-    """Operand i and result i share every dim (multi-operand identities)."""
+    """Operand i and result i share every dim (multi-operand identities). The pairs are
+    independent values: each is its own group, so one mesh axis may shard all of them."""
     if len(ctx.operands) != len(ctx.results):
         return replicated(ctx)
     used = ""
-    ins, outs = [], []
-    for s in ctx.operands:
+    ins, outs, groups = [], [], []
+    for i, s in enumerate(ctx.operands):
         term = letters(s.ndim, skip=used)
         used += term
         ins.append(term)
         outs.append(term)
-    return einsum(ctx, ",".join(ins) + "->" + ",".join(outs))
+        groups += [i] * s.ndim  # einsum numbers factors in order of first appearance
+    rule = einsum(ctx, ",".join(ins) + "->" + ",".join(outs))
+    return dataclasses.replace(rule, groups=tuple(groups))

@@ -75,36 +75,45 @@ def _groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[in
 
 @register("reshape")
 def _reshape(ctx: RuleContext, *, new_sizes: Sequence[int], dimensions: Any = None, **_: Any) -> FactorRule:
-    """Merging dims: the merged dim holds their factors (major first); splitting: the reverse.
-    A run that both splits and merges (e.g. (6, 4) -> (4, 6)) stays whole."""
+    """Both shapes are read as mixed-radix digits of one flat index. Within each run of dims with
+    equal products, the walk peels common major factors off the current dims of both sides
+    (their gcd): a merge puts the merged dims' factors in the merged dim (major first), a split
+    the reverse, and (8, 12) -> (12, 8) shares a major factor 4. Once the digits no longer
+    line up (gcd 1), the rest of the run stays whole (one blocked factor)."""
     (x,) = ctx.operands[:1]
     if dimensions is not None or len(ctx.operands) != 1:
         return replicated(ctx)
     factors: list[Factor] = []
-    ins: list[DimFactors] = [() for _ in x.shape]
-    outs: list[DimFactors] = [() for _ in new_sizes]
+    ins: list[list[int]] = [[] for _ in x.shape]
+    outs: list[list[int]] = [[] for _ in new_sizes]
     for ga, gb in _groups(x.shape, tuple(new_sizes)):
         if not ga or not gb:
             continue  # a size-1 dim: nothing to shard
-        if len(ga) == 1 or len(gb) == 1:
-            many, one = (gb, ga) if len(ga) == 1 else (ga, gb)
-            many_shape = new_sizes if len(ga) == 1 else x.shape
-            ids = []
-            for d in many:
-                factors.append(Factor(many_shape[d]))
-                ids.append(len(factors) - 1)
-            target_many = outs if len(ga) == 1 else ins
-            target_one = ins if len(ga) == 1 else outs
-            for d, f in zip(many, ids, strict=True):
-                target_many[d] = (f,)
-            target_one[one[0]] = tuple(ids)
-        else:
-            factors.append(Factor(math.prod(x.shape[d] for d in ga), "blocked"))
-            for d in ga:
-                ins[d] = (len(factors) - 1,)
-            for d in gb:
-                outs[d] = (len(factors) - 1,)
-    return FactorRule(tuple(factors), (tuple(ins),), (tuple(outs),))
+        i = j = 0
+        ra, rb = x.shape[ga[0]], new_sizes[gb[0]]
+        while True:
+            if ra == 1 and i + 1 < len(ga):
+                i, ra = i + 1, x.shape[ga[i + 1]]
+                continue
+            if rb == 1 and j + 1 < len(gb):
+                j, rb = j + 1, new_sizes[gb[j + 1]]
+                continue
+            if ra == 1 and rb == 1:
+                break  # both sides consumed
+            g = math.gcd(ra, rb)
+            if g == 1:  # the digits no longer line up: the remainder stays whole
+                rest = ra * math.prod(x.shape[d] for d in ga[i + 1 :])
+                factors.append(Factor(rest, "blocked"))
+                for d in ga[i:]:
+                    ins[d].append(len(factors) - 1)
+                for d in gb[j:]:
+                    outs[d].append(len(factors) - 1)
+                break
+            factors.append(Factor(g))
+            ins[ga[i]].append(len(factors) - 1)
+            outs[gb[j]].append(len(factors) - 1)
+            ra, rb = ra // g, rb // g
+    return FactorRule(tuple(factors), (tuple(map(tuple, ins)),), (tuple(map(tuple, outs)),))
 
 
 def _along(ctx: RuleContext, whole: set[int], n_scalar_tail: int = 0) -> FactorRule:

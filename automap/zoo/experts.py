@@ -1,4 +1,4 @@
-"""Hand-written expert PartitionSpec pytrees for zoo workloads: the baselines automap is measured against.
+"""Hand-written expert PartitionSpec pytrees for zoo workloads: the baselines automap must beat.
 
 All four functions take ``(state, batch, mesh, *, data="data", model="model")`` where `state` and
 `batch` are a zoo workload's arguments (arrays or `jax.ShapeDtypeStruct`) and `mesh` is a
@@ -66,7 +66,7 @@ _MLP_LAYER = re.compile(r"layers_(\d+)")
 
 
 def _names(path) -> tuple[str, ...]:
-    """The trailing run of dict keys of a key path (the parameter name inside any optimizer state)."""
+    """The trailing run of dict keys of a path (a parameter's name, also inside optimizer state)."""
     names = []
     for entry in reversed(path):
         if not isinstance(entry, jax.tree_util.DictKey):
@@ -184,12 +184,15 @@ def megatron(state, batch, mesh, *, data: str | None = "data", model: str = "mod
     """
     msize = _axis_size(mesh, model)
     dsize = _axis_size(mesh, data, optional=True)
-    rule = lambda names, shape: _megatron_dims(names, shape, model, msize)
+
+    def rule(names, shape):
+        return _megatron_dims(names, shape, model, msize)
+
     return _assemble(state, batch, rule, data if dsize else None, dsize)
 
 
 def fsdp(state, batch, mesh, *, data: str = "data", model: str = "model"):
-    """FSDP / ZeRO-3 on `data`: each parameter (and its Adam moments) sharded on its largest divisible dim.
+    """FSDP / ZeRO-3 on `data`: each parameter and its Adam moments sharded on the largest dim.
 
     >>> import jax
     >>> from automap import zoo
@@ -199,12 +202,15 @@ def fsdp(state, batch, mesh, *, data: str = "data", model: str = "model"):
     (P(None, 'data'), P('data', None))
     """
     size = _axis_size(mesh, data)
-    rule = lambda names, shape: _fsdp_dims(names, shape, [None] * len(shape), data, size)
+
+    def rule(names, shape):
+        return _fsdp_dims(names, shape, [None] * len(shape), data, size)
+
     return _assemble(state, batch, rule, data, size)
 
 
 def fsdp_megatron(state, batch, mesh, *, data: str = "data", model: str = "model"):
-    """Megatron on `model`, then FSDP on `data` over each parameter's remaining dims; batch on `data`.
+    """Megatron on `model`, then FSDP on `data` over the dims left; batch on `data`.
 
     >>> import jax
     >>> from automap import zoo

@@ -5,7 +5,8 @@ for every leaf path and shape): ``params/wte/embedding``, ``params/blocks_0/attn
 ``params/blocks/mlp/up/kernel`` (scanned, leading ``layers`` axis), ``params/ln_f/scale``,
 ``params/head/kernel``, ... The train state holds the nnx state converted to a pure nested dict of
 arrays (`nnx.to_pure_dict`); the loss function rebuilds the module inside the traced function with
-`nnx.merge`, so the state stays a plain pytree.
+`nnx.merge`, so the state stays a plain pytree. ``init(seed)`` gives the very values `gpt_linen`'s
+does (both fill the shared layout on the host, see `automap.zoo.train.make_workload`).
 
 Scanned models are created with `nnx.vmap` (stacked parameters) and applied with one
 `jax.lax.scan` over the split block state; with ``remat=True`` the block call inside the scan body
@@ -26,7 +27,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from automap.zoo.train import causal_attention, dropout, dropout_key, gpt_batch, lm_loss, make_workload
+from automap.zoo.train import (
+    causal_attention,
+    dropout,
+    dropout_key,
+    gpt_abstract_batch,
+    gpt_batch,
+    gpt_fill_param,
+    lm_loss,
+    make_workload,
+)
 from automap.zoo.workload import GPTConfig, Workload, gpt_name
 
 _INIT = nnx.initializers.normal(stddev=0.02)
@@ -96,7 +106,7 @@ def _call_block(block: Block, x, key):
 
 
 class GPT(nnx.Module):
-    """Token + position embeddings, ``cfg.layers`` blocks (unrolled or scanned), ``ln_f``, ``head``."""
+    """Token + position embeddings, ``cfg.layers`` blocks (unrolled or scanned), ln_f, head."""
 
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -138,8 +148,8 @@ class GPT(nnx.Module):
         return self.head(self.ln_f(x))
 
 
-def gpt_nnx(cfg: GPTConfig = GPTConfig()) -> Workload:
-    """The GPT-2 style decoder of `cfg` as a flax nnx `Workload`, same parameter tree as `gpt_linen`.
+def gpt_nnx(cfg: GPTConfig | None = None) -> Workload:
+    """The GPT decoder of `cfg` as a flax nnx `Workload`, same parameter tree as `gpt_linen`.
 
     >>> import jax
     >>> from automap import zoo
@@ -148,10 +158,8 @@ def gpt_nnx(cfg: GPTConfig = GPTConfig()) -> Workload:
     >>> state["params"]["blocks_0"]["attn"]["qkv"]["kernel"].shape
     (32, 3, 2, 16)
     """
+    cfg = GPTConfig() if cfg is None else cfg
     graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0))))
-
-    def init_params(key):
-        return nnx.to_pure_dict(nnx.state(GPT(cfg, rngs=nnx.Rngs(params=key))))
 
     def loss_fn(params, batch):
         state = jax.tree.map(lambda x: x, abstract_state)  # fresh container; template untouched
@@ -163,7 +171,9 @@ def gpt_nnx(cfg: GPTConfig = GPTConfig()) -> Workload:
         gpt_name("gpt_nnx", cfg),
         cfg,
         loss_fn=loss_fn,
-        init_params=init_params,
+        abstract_params=lambda: nnx.to_pure_dict(abstract_state),
+        fill_param=gpt_fill_param,
+        abstract_batch=functools.partial(gpt_abstract_batch, cfg),
         make_batch=functools.partial(gpt_batch, cfg),
         learning_rate=cfg.learning_rate,
     )

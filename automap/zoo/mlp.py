@@ -2,8 +2,9 @@
 
 Parameter leaves: ``params/layers_{i}/kernel`` of shape ``(d_prev, d_next)`` and
 ``params/layers_{i}/bias`` ``(d_next,)`` for ``i`` in ``0 .. len(hidden)``; ReLU (`jax.nn.relu`)
-between layers, none after the last. The batch is ``{"x": f32[batch, d_in], "y": f32[batch, d_out]}``
-with ``y`` a fixed random linear map of ``tanh(x)`` (learnable).
+between layers, none after the last; kernels N(0, 1/fan_in), biases zero. The batch is
+``{"x": f32[batch, d_in], "y": f32[batch, d_out]}`` with ``y`` a fixed random linear map of
+``tanh(x)`` (learnable).
 
 >>> from automap import zoo
 >>> w = zoo.mlp(zoo.MLPConfig(d_in=32, hidden=(64, 64), d_out=16, batch=8))
@@ -18,6 +19,7 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from automap.zoo.train import make_workload
 from automap.zoo.workload import Workload
@@ -56,7 +58,7 @@ class MLP(nn.Module):
         return x
 
 
-def mlp(cfg: MLPConfig = MLPConfig()) -> Workload:
+def mlp(cfg: MLPConfig | None = None) -> Workload:
     """The ReLU MLP regression problem of `cfg` as a `Workload` (MSE loss, zoo optimizer).
 
     >>> import jax
@@ -66,16 +68,24 @@ def mlp(cfg: MLPConfig = MLPConfig()) -> Workload:
     >>> batch["x"].shape, batch["y"].shape
     ((2, 4), (2, 2))
     """
+    cfg = MLPConfig() if cfg is None else cfg
     model = MLP(cfg)
+    x_spec = jax.ShapeDtypeStruct((cfg.batch, cfg.d_in), jnp.float32)
+    y_spec = jax.ShapeDtypeStruct((cfg.batch, cfg.d_out), jnp.float32)
 
-    def init_params(key):
-        return model.init(key, jnp.zeros((cfg.batch, cfg.d_in), jnp.float32))["params"]
+    def abstract_params():
+        return jax.eval_shape(lambda x: model.init(jax.random.key(0), x)["params"], x_spec)
 
-    def make_batch(key):
-        k_x, k_w = jax.random.split(key)
-        x = jax.random.normal(k_x, (cfg.batch, cfg.d_in), jnp.float32)
-        w = jax.random.normal(k_w, (cfg.d_in, cfg.d_out), jnp.float32) / jnp.sqrt(cfg.d_in)
-        return {"x": x, "y": jnp.tanh(x) @ w}
+    def fill_param(names, leaf, rng):
+        if names[-1] == "bias":
+            return np.zeros(leaf.shape)
+        return rng.normal(0.0, 1.0 / np.sqrt(leaf.shape[0]), leaf.shape)  # LeCun normal
+
+    def make_batch(seed):
+        rng = np.random.default_rng([seed, 1])
+        x = rng.normal(size=x_spec.shape)
+        w = rng.normal(size=(cfg.d_in, cfg.d_out)) / np.sqrt(cfg.d_in)
+        return {"x": x, "y": np.tanh(x) @ w}
 
     def loss_fn(params, batch):
         pred = model.apply({"params": params}, batch["x"])
@@ -85,7 +95,9 @@ def mlp(cfg: MLPConfig = MLPConfig()) -> Workload:
         f"mlp_{len(cfg.hidden) + 1}l",
         cfg,
         loss_fn=loss_fn,
-        init_params=init_params,
+        abstract_params=abstract_params,
+        fill_param=fill_param,
+        abstract_batch=lambda: {"x": x_spec, "y": y_spec},
         make_batch=make_batch,
         learning_rate=cfg.learning_rate,
     )

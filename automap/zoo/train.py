@@ -15,11 +15,13 @@ The train state is a plain dict ``{"params": params, "opt_state": opt_state}``.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from automap.zoo.workload import GPTConfig, PyTree, Workload
@@ -31,7 +33,9 @@ def make_optimizer(learning_rate: float) -> optax.GradientTransformation:
     >>> opt = make_optimizer(1e-3)
     >>> opt_state = opt.init({"w": jax.numpy.zeros(2)})
     """
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate, weight_decay=0.01))
+    return optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(learning_rate, weight_decay=0.01)
+    )
 
 
 def init_state(params: PyTree, optimizer: optax.GradientTransformation) -> dict[str, PyTree]:
@@ -65,33 +69,52 @@ def make_workload(
     config: Any,
     *,
     loss_fn: Callable[[PyTree, PyTree], jax.Array],
-    init_params: Callable[[jax.Array], PyTree],
-    make_batch: Callable[[jax.Array], PyTree],
+    abstract_params: Callable[[], PyTree],
+    fill_param: Callable[[tuple[str, ...], jax.ShapeDtypeStruct, np.random.Generator], np.ndarray],
+    abstract_batch: Callable[[], PyTree],
+    make_batch: Callable[[int], PyTree],
     learning_rate: float,
 ) -> Workload:
-    """Assemble a `Workload` from a loss, a parameter initialiser and a batch maker (both keyed).
+    """Assemble a `Workload`; concrete values are drawn on the host with NumPy (nothing compiles).
 
-    ``init(seed)`` runs one function of the seed eagerly (op by op: tiny models compile faster that
-    way), so results are deterministic for a seed; ``abstract()`` is ``jax.eval_shape`` of it.
+    ``abstract()`` is ``abstract_params()`` (a `jax.eval_shape` of the model's init),
+    ``jax.eval_shape(optimizer.init, ...)`` and ``abstract_batch()``. ``init(seed)`` fills that
+    structure: each parameter leaf by ``fill_param(names, leaf, rng)`` with a generator seeded by
+    ``(seed, path)`` (so a leaf's value depends only on the seed, its path and its shape), the
+    optimizer state with zeros (the zoo optimizer's initial state: Adam count, mu and nu), and the
+    batch by ``make_batch(seed)``. On CPU this avoids compiling a one-off init program per model.
 
-    >>> import jax.numpy as jnp
+    >>> import numpy as np, jax.numpy as jnp
     >>> w = make_workload("toy", None, loss_fn=lambda p, b: jnp.sum(p["w"] * b["x"]),
-    ...                   init_params=lambda k: {"w": jax.random.normal(k, (3,))},
-    ...                   make_batch=lambda k: {"x": jnp.ones(3)}, learning_rate=0.1)
-    >>> w.abstract()[0]["params"]["w"].shape
-    (3,)
+    ...                   abstract_params=lambda: {"w": jax.ShapeDtypeStruct((3,), jnp.float32)},
+    ...                   fill_param=lambda names, leaf, rng: rng.normal(size=leaf.shape),
+    ...                   abstract_batch=lambda: {"x": jax.ShapeDtypeStruct((3,), jnp.float32)},
+    ...                   make_batch=lambda seed: {"x": np.ones(3, np.float32)}, learning_rate=0.1)
+    >>> state, batch = w.init(0)
+    >>> state["params"]["w"].dtype, w.abstract()[0]["params"]["w"].shape
+    (dtype('float32'), (3,))
     """
     optimizer = make_optimizer(learning_rate)
 
-    def build(seed):
-        k_params, k_batch = jax.random.split(jax.random.key(seed))
-        return init_state(init_params(k_params), optimizer), make_batch(k_batch)
+    def abstract():
+        params = abstract_params()
+        return {
+            "params": params,
+            "opt_state": jax.eval_shape(optimizer.init, params),
+        }, abstract_batch()
 
     def init(seed: int = 0):
-        return build(jnp.asarray(seed, jnp.uint32))
+        state, batch_spec = abstract()
 
-    def abstract():
-        return jax.eval_shape(build, jax.ShapeDtypeStruct((), jnp.uint32))
+        def param(path, leaf):
+            names = tuple(str(getattr(k, "key", k)) for k in path)
+            entropy = [seed, 0, zlib.crc32("/".join(names).encode())]
+            return np.asarray(fill_param(names, leaf, np.random.default_rng(entropy)), leaf.dtype)
+
+        params = jax.tree_util.tree_map_with_path(param, state["params"])
+        opt_state = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), state["opt_state"])
+        batch = jax.tree.map(lambda b, s: np.asarray(b, s.dtype), make_batch(seed), batch_spec)
+        return jax.device_put(({"params": params, "opt_state": opt_state}, batch))
 
     return Workload(
         name=name,
@@ -106,16 +129,38 @@ def make_workload(
 # --- GPT helpers shared by the linen and nnx front ends (identical math) -------------------------
 
 
-def gpt_batch(cfg: GPTConfig, key: jax.Array) -> dict[str, jax.Array]:
+def gpt_fill_param(names: tuple[str, ...], leaf: jax.ShapeDtypeStruct, rng: np.random.Generator):
+    """GPT initial values: layer-norm ``scale`` ones, biases zeros, everything else N(0, 0.02)."""
+    if names[-1] == "scale":
+        return np.ones(leaf.shape)
+    if names[-1] == "bias":
+        return np.zeros(leaf.shape)
+    return rng.normal(0.0, 0.02, leaf.shape)
+
+
+def _key_data_shape() -> jax.ShapeDtypeStruct:
+    return jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+
+
+def gpt_abstract_batch(cfg: GPTConfig) -> dict[str, jax.ShapeDtypeStruct]:
+    """``tokens``/``targets`` int32[batch, seq], and ``rng`` (key data) if ``cfg.dropout > 0``."""
+    tokens = jax.ShapeDtypeStruct((cfg.batch, cfg.seq), jnp.int32)
+    batch = {"tokens": tokens, "targets": tokens}
+    if cfg.dropout > 0:
+        batch["rng"] = _key_data_shape()
+    return batch
+
+
+def gpt_batch(cfg: GPTConfig, seed: int) -> dict[str, np.ndarray]:
     """Random tokens; the target of each token is its successor ``(token + 1) % vocab`` (learnable).
 
-    With ``cfg.dropout > 0`` the batch also holds ``"rng"``: uint32[2] key data for dropout.
+    With ``cfg.dropout > 0`` the batch also holds ``"rng"``: random uint32 key data for dropout.
     """
-    k_tok, k_rng = jax.random.split(key)
-    tokens = jax.random.randint(k_tok, (cfg.batch, cfg.seq), 0, cfg.vocab, dtype=jnp.int32)
+    rng = np.random.default_rng([seed, 1])
+    tokens = rng.integers(0, cfg.vocab, (cfg.batch, cfg.seq), dtype=np.int32)
     batch = {"tokens": tokens, "targets": (tokens + 1) % cfg.vocab}
     if cfg.dropout > 0:
-        batch["rng"] = jax.random.key_data(k_rng)
+        batch["rng"] = rng.integers(0, 2**32, _key_data_shape().shape, dtype=np.uint32)
     return batch
 
 

@@ -1,4 +1,4 @@
-"""The `Workload` bundle every zoo model returns, and the GPT configuration shared by both front ends.
+"""The `Workload` bundle every zoo model returns, and the GPT config shared by both front ends.
 
 A workload is everything a partitioner, a test or a benchmark needs about one training problem:
 a pure `train_step(state, batch) -> (state, loss)`, the `loss_fn(params, batch)` it differentiates,

@@ -1,0 +1,60 @@
+"""Indexing: gather (embedding lookups: a sharded vocab is a partial sum), scatter-add (their
+gradients), scatter, dynamic_slice and dynamic_update_slice."""
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from harness import MESH_8, check, ints, row
+
+V, D = 32, 16  # vocab, d_model
+TOK = ints((8, 8), V)  # (batch, seq) token ids
+embed = lambda emb, tokens: emb[tokens]  # noqa: E731
+embed_grad = lambda tokens, g: jnp.zeros((V, D)).at[tokens].add(g)  # noqa: E731
+embed_grad_into = lambda acc, tokens, g: acc.at[tokens].add(g)  # noqa: E731
+xent = lambda logits, labels: jnp.take_along_axis(logits, labels[:, None], axis=1)[:, 0]  # noqa: E731
+
+ROWS = [
+    # name, fn, args, input specs, output spec, collective kinds
+    # gather: embedding lookups
+    row("embed_vocab_sharded", embed, [(V, D), TOK], {"emb": P("model")}, P(), {"all-reduce"}),
+    row("embed_dmodel_sharded", embed, [(V, D), TOK], {"emb": P(None, "model")}, P(None, None, "model"), set()),
+    row("embed_tokens_sharded", embed, [(V, D), TOK], {"tokens": P("data")}, P("data"), set()),
+    row("embed_dp_tp", embed, [(V, D), TOK], {"emb": P(None, "model"), "tokens": P("data")},
+        P("data", None, "model"), set()),
+    row("embed_dp_vocab", embed, [(V, D), TOK], {"emb": P("model"), "tokens": P("data", None)}, P("data"),
+        {"all-reduce"}),
+    row("take_rows", lambda x, i: x[i], [(V, D), ints((4,), V)], {"x": P(None, "model")}, P(None, "model"), set()),
+    # take_along_axis (cross-entropy labels): gather with batching dims
+    row("take_along_batch", xent, [(16, V), ints((16,), V)], {"logits": P("data"), "labels": P("data")},
+        P("data"), set()),
+    row("take_along_classes_sharded", xent, [(16, V), ints((16,), V)], {"logits": P("data", "model")},
+        P("data"), {"all-reduce"}),
+    # scatter-add: embedding gradients
+    row("embed_grad_dmodel", embed_grad, [TOK, (8, 8, D)], {"g": P(None, None, "model")}, P(None, "model"), set()),
+    row("embed_grad_dp", embed_grad, [TOK, (8, 8, D)], {"tokens": P("data"), "g": P("data")}, P(), {"all-reduce"}),
+    row("embed_grad_dp_tp", embed_grad, [TOK, (8, 8, D)], {"tokens": P("data"), "g": P("data", None, "model")},
+        P(None, "model"), {"all-reduce"}),
+    row("embed_grad_vocab_sharded", embed_grad_into, [(V, D), TOK, (8, 8, D)], {"acc": P("model")}, P("model"),
+        set()),
+    # scatter (overwrite): the update's batch dims may not be split
+    row("scatter_set_rows", lambda x, i, u: x.at[i].set(u), [(V, D), ints((4,), 4), (4, D)],
+        {"x": P(None, "model")}, P(None, "model"), set()),
+    # dynamic_slice / dynamic_update_slice
+    row("dynamic_slice_other_dim", lambda x, i: lax.dynamic_slice(x, (i, 0), (4, 32)), [(16, 32), ints((), 12)],
+        {"x": P(None, "model")}, P(None, "model"), set()),
+    row("dynamic_slice_sliced_dim", lambda x, i: lax.dynamic_slice(x, (i,), (8,)), [(32,), ints((), 24)],
+        {"x": P("x")}, P(), {"all-gather"}, mesh=MESH_8),
+    row("dynamic_index", lambda x, i: x[i], [(16, 32), ints((), 16)], {"x": P(None, "model")}, P("model"), set()),
+    row("dus_other_dim", lambda x, u, i: lax.dynamic_update_slice(x, u, (i, 0)), [(16, 32), (4, 32), ints((), 12)],
+        {"x": P(None, "model")}, P(None, "model"), set(), inner={"dynamic_update_slice": P(None, "model")}),
+    row("dus_update_sharded", lambda x, u, i: lax.dynamic_update_slice(x, u, (i, 0)),
+        [(16, 32), (4, 32), ints((), 12)], {"u": P(None, "model")}, P(None, "model"), set()),
+    row("dus_sliced_dim", lambda x, u, i: lax.dynamic_update_slice(x, u, (i,)), [(32,), (8,), ints((), 24)],
+        {"x": P("x")}, P(), {"all-gather"}, mesh=MESH_8),
+]
+
+
+@pytest.mark.parametrize("r", ROWS)
+def test_indexing(r):
+    check(r)
