@@ -51,6 +51,15 @@ class Plan:
     out_specs: tuple[Spec, ...]  # flat, after tying fed-back outputs to their inputs
     notes: tuple[str, ...] = ()
     reasons: Mapping[int, str] = dataclasses.field(default_factory=dict)  # input value id -> why
+    topology: Any = None  # automap.cost.Topology used by .estimate (None: from the backend)
+    donated: frozenset[int] = frozenset()  # input value ids whose buffers are donated
+
+    @functools.cached_property
+    def estimate(self) -> Any:
+        """The cost model's :class:`~automap.cost.Estimate` of this plan (nothing is compiled)."""
+        from automap.cost import default_topology, estimate
+
+        return estimate(self.state, self.topology or default_topology(), donated=self.donated)
 
     @property
     def in_shardings(self) -> Any:
@@ -139,6 +148,11 @@ class Partitioned:
     ):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh (see automap.make_mesh), got {type(mesh).__name__}")
+        if plan is not None and plan.mesh != mesh:
+            raise ValueError(
+                f"the plan was made for mesh {dict(plan.mesh.shape)} but mesh {dict(mesh.shape)} was given; "
+                "pass mesh=plan.mesh, or replan on this mesh (leave out plan=)"
+            )
         self.fn = fn
         self.mesh = mesh
         self.tactics = tuple(tactics) if tactics is not None else None
@@ -156,6 +170,19 @@ class Partitioned:
 
     # -- planning ------------------------------------------------------------------------------
     def _signature(self, args: Sequence[Any]) -> Any:
+        for i in self.static_argnums:
+            if not 0 <= i < len(args):
+                raise ValueError(
+                    f"static_argnums={self.static_argnums} names argument {i}, but {len(args)} arguments were "
+                    "given; static_argnums count positional arguments from 0"
+                )
+            try:
+                hash(args[i])
+            except TypeError:
+                raise TypeError(
+                    f"static argument {i} must be hashable, got {type(args[i]).__name__} {args[i]!r}; pass a "
+                    "tuple instead of a list, or make it a dynamic argument"
+                ) from None
         static = tuple((i, args[i]) for i in self.static_argnums)
         dynamic = tuple(a for i, a in enumerate(args) if i not in set(self.static_argnums))
         leaves, tree = tree_util.tree_flatten(dynamic)
@@ -173,7 +200,7 @@ class Partitioned:
 
             self._plans[key] = make_plan(
                 self.fn, args, self.mesh, tactics=self.tactics, static_argnums=self.static_argnums,
-                strict=self.strict, pins=self.pins,
+                strict=self.strict, pins=self.pins, topology=self.topology, donate_argnums=self.donate_argnums,
             )
         return self._plans[key]
 

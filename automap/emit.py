@@ -31,11 +31,18 @@ def pinned_values(state: ShardingState, policy: PinPolicy = "anchors") -> frozen
         return frozenset()
     program = state.program
     out = set()
-    for op in program.all_ops:
-        if op.regions:
-            continue
-        if policy == "all" or op.primitive in ANCHOR_PRIMITIVES:
-            out.update(v for v in op.outputs if _constrainable(program, v))
+
+    def visit(ops: Sequence[Op]) -> None:
+        for op in ops:
+            if op.primitive == "scan":  # replayed with a rewritten body: its values can be pinned
+                for region in op.regions:
+                    visit(region.ops)
+            elif op.regions:  # cond/while are re-bound as they were: nothing inside is pinned
+                continue
+            elif policy == "all" or op.primitive in ANCHOR_PRIMITIVES:
+                out.update(v for v in op.outputs if _constrainable(program, v))
+
+    visit(program.ops)
     return frozenset(out)
 
 

@@ -21,6 +21,8 @@ def make_plan(
     static_argnums: Sequence[int] = (),
     strict: bool = False,
     pins: emit.PinPolicy = "anchors",
+    topology: Any = None,
+    donate_argnums: Sequence[int] = (),
 ) -> Any:
     from automap.api import Plan
     from tactics import PlanContext, batch_over_all_axes, run_schedule
@@ -47,4 +49,10 @@ def make_plan(
         if vid not in inputs and state.spec(vid) != want:
             specs[vid] = want
     state = state.replace(specs=specs)
-    return Plan(mesh, traced, program, state, emit.pinned_values(state, pins), tuple(out_specs), result.notes, result.reasons)
+    dynamic = [i for i in range(len(args)) if i not in set(static_argnums)]
+    donated_args = {dynamic.index(i) for i in donate_argnums if i in dynamic}
+    donated = frozenset(v for v, a in zip(program.inputs, traced.leaf_arg, strict=True) if a in donated_args)
+    return Plan(
+        mesh, traced, program, state, emit.pinned_values(state, pins), tuple(out_specs), result.notes,
+        result.reasons, topology, donated,
+    )

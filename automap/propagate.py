@@ -203,6 +203,7 @@ class Reshard:
     bytes: int
     count: int  # how many times it runs (trip counts of enclosing loops)
     where: Literal["operand", "result"]
+    reused: bool = False  # the same gather happened earlier in the same region: XLA reuses it (CSE)
 
 
 def _per_device(nbytes: int, spec: Sequence[Axes], sizes: dict[str, int]) -> int:
@@ -220,14 +221,21 @@ def _diff(actual: Spec, wanted: Spec) -> tuple[Axes, Axes]:
     return tuple(gather), tuple(move)
 
 
+def execution_factors(op: Op, state: ShardingState) -> dict[int, Axes]:
+    """How the op runs: its factor -> axes, agreed by its operands and results (earliest decision
+    wins). Operands and results that disagree with it are resharded before or after."""
+    return solve_factors(op, state, state.specs, state.priority)[0]
+
+
 def reshards(state: ShardingState) -> list[Reshard]:
     """Every collective the assignment implies, op by op (the cost model prices these)."""
     program, sizes = state.program, state.axes
-    specs, prio = state.specs, state.priority
     out: list[Reshard] = []
+    gathered: set[tuple] = set()
     for op, mult in program.walk():
+        region = program.values[op.outputs[0]].region if op.outputs else 0
         rule = op.rule
-        fax, _ = solve_factors(op, state, specs, prio, operands_only=True)
+        fax = execution_factors(op, state)
         for vid, dims in zip(op.linked_inputs, rule.operands, strict=True):
             if not dims:
                 continue
@@ -237,7 +245,10 @@ def reshards(state: ShardingState) -> list[Reshard]:
             nbytes = program.values[vid].nbytes
             if gather:
                 after = tuple(tuple(a for a in axes if a not in gather) for axes in actual)
-                out.append(Reshard(op.id, vid, "all-gather", gather, _per_device(nbytes, after, sizes), mult, "operand"))
+                key = (vid, gather, region)
+                out.append(Reshard(op.id, vid, "all-gather", gather, _per_device(nbytes, after, sizes), mult, "operand",
+                                   reused=key in gathered))
+                gathered.add(key)
             if move:
                 out.append(Reshard(op.id, vid, "all-to-all", move, _per_device(nbytes, actual, sizes), mult, "operand"))
         partial = tuple(a for f in rule.reduction_factors for a in fax.get(f, ()))

@@ -24,6 +24,12 @@ def _dtype_name(dtype: Any) -> str:
         return str(dtype)
 
 
+def est_topology(plan: Any) -> str:
+    from automap.cost import default_topology
+
+    return (plan.topology or default_topology()).name
+
+
 def format_report(plan: Any) -> str:
     program, state = plan.program, plan.state
     mesh_desc = " x ".join(f"{k}={v}" for k, v in state.axes.items())
@@ -56,17 +62,26 @@ def format_report(plan: Any) -> str:
         f"  inputs: {human_bytes(total_dev)} per device of {human_bytes(total_global)} in all "
         f"({total_global / max(total_dev, 1):.2f}x split)"
     )
-    by_kind: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for r in plan.reshards:
-        by_kind[r.kind][0] += r.count
-        by_kind[r.kind][1] += r.bytes * r.count
+    est = plan.estimate
+    by_kind: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0])
+    for c in est.collectives:
+        by_kind[c.kind][0] += c.count
+        by_kind[c.kind][1] += c.bytes * c.count
+        by_kind[c.kind][2] += c.time_s
     if by_kind:
-        lines.append("  collectives implied per step (count, bytes per device):")
+        lines.append("  collectives implied per step (count, bytes per device, estimated time):")
         for kind in sorted(by_kind):
-            count, nbytes = by_kind[kind]
-            lines.append(f"    {kind:<15} {count:>5}  {human_bytes(nbytes)}")
+            count, nbytes, t = by_kind[kind]
+            lines.append(f"    {kind:<15} {count:>5}  {human_bytes(nbytes):>10}  {t * 1e3:8.3f} ms")
     else:
         lines.append("  collectives implied per step: none")
+    mem = est.memory
+    lines.append(
+        f"  estimate ({est_topology(plan)}): step {est.time_s * 1e3:.3f} ms = compute {est.compute_time_s * 1e3:.3f} ms"
+        f" + communication {est.comm_time_s * 1e3:.3f} ms; {est.flops:.4g} FLOPs/device; peak memory "
+        f"{human_bytes(mem.peak)}/device (arguments {human_bytes(mem.arguments)} + outputs "
+        f"{human_bytes(mem.outputs)} - donated {human_bytes(mem.aliased)} + temporaries {human_bytes(mem.temp)})"
+    )
     lines.append(f"  pinned intermediates: {len(plan.pins)}")
     missing = sorted({op.primitive for op in program.all_ops if not op.has_rule})
     if missing:

@@ -35,7 +35,11 @@ class Manual:
         notes, reasons = [], {}
         for i, (pattern, pspec) in enumerate(self.rules):
             if not matched[i]:
-                warnings.warn(f"manual rule {pattern!r} matched no input path", stacklevel=2)
+                warnings.warn(
+                    f"manual rule {pattern!r} matched no input path; the input paths are "
+                    f"{', '.join(program.input_paths)} (rules are regexes searched in each path)",
+                    stacklevel=2,
+                )
                 continue
             for vid in matched[i]:
                 value = program.values[vid]
@@ -46,17 +50,24 @@ class Manual:
                 frozen.append(vid)
                 reasons[vid] = f"manual {pattern!r}"
             notes.append(f"manual {pattern!r} -> {pspec}: {len(matched[i])} inputs")
+        # every input a rule names is frozen from the first decision on, so that propagation from
+        # the batch never adds axes to a parameter the user gives a spec of its own
+        pinned = groups[True][1] + groups[False][1]
         for is_data in (True, False):
             actions, frozen = groups[is_data]
             if not frozen:
                 continue
+            check = state  # check the actions one after another, as apply() applies them
             for action, where in actions:
                 try:
-                    state.check_action(action)
+                    check.check_action(action)
                 except ShardingError as e:
                     raise ShardingError(f"{e} ({where})") from None
+                spec = list(check.spec(action.value))
+                spec[action.dim] += (action.axis,)
+                check = check.replace(specs={**check.specs, action.value: tuple(spec)})
             label = "manual rules on the batch" if is_data else "manual rules"
-            state = apply(state, [a for a, _ in actions], freeze=frozen, label=label)
+            state = apply(state, [a for a, _ in actions], freeze=pinned, label=label)
         return TacticResult(state, tuple(notes), reasons=reasons)
 
 

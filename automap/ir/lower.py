@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import warnings
 from typing import Any, Sequence
 
 from automap import _compat
@@ -41,7 +40,6 @@ class _Lowering:
         self.n_regions = 0
         self.remat_calls: dict[int, RematCall] = {}
         self.seen_backward = False
-        self.missing_rules: set[str] = set()  # primitives already warned about
 
     # -- values -------------------------------------------------------------------------------
     def new_value(self, aval: Any, name: str, kind: str, phase: Phase, region: int, literal: Any = None) -> int:
@@ -118,14 +116,6 @@ class _Lowering:
                 source,
             )
             rule, ok = registry.rule_for(ctx, eqn.params, strict=self.strict)
-            if not ok and prim not in self.missing_rules:
-                self.missing_rules.add(prim)
-                warnings.warn(
-                    f"automap has no factor rule for primitive '{prim}' (at {source}); its operands and "
-                    "results are replicated around it. Register one with automap.rules.register, or pass "
-                    "strict=True to make this an error.",
-                    stacklevel=2,
-                )
             linked_in, linked_out = tuple(in_ids), tuple(out_ids)
         ops.append(
             Op(

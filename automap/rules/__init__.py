@@ -2,8 +2,8 @@
 from automap.rules import control_flow, dot, elementwise, indexing, random, reduce, shape  # noqa: F401
 from automap.rules.control_flow import STRUCTURAL
 from automap.rules.registry import (
-    RULES, Factor, FactorRule, MissingRuleError, RuleContext, Shaped, def_blocked_along, def_elementwise,
-    def_reduce, einsum, has_rule, register, replicated,
+    RULES, Factor, FactorRule, MissingRuleError, MissingRuleWarning, RuleContext, Shaped, def_blocked_along,
+    def_elementwise, def_reduce, einsum, has_rule, register, replicated,
 )
 
 
@@ -13,6 +13,6 @@ def covered(primitive: str) -> bool:
 
 
 __all__ = [
-    "RULES", "STRUCTURAL", "Factor", "FactorRule", "MissingRuleError", "RuleContext", "Shaped", "covered",
-    "def_blocked_along", "def_elementwise", "def_reduce", "einsum", "has_rule", "register", "replicated",
+    "RULES", "STRUCTURAL", "Factor", "FactorRule", "MissingRuleError", "MissingRuleWarning", "RuleContext", "Shaped",
+    "covered", "def_blocked_along", "def_elementwise", "def_reduce", "einsum", "has_rule", "register", "replicated",
 ]

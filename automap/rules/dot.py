@@ -1,9 +1,10 @@
-"""Contractions: ``dot_general`` is ``b m k, b k n -> b m n`` with ``k`` a reduction factor."""
+"""Contractions (``dot_general`` is ``b m k, b k n -> b m n`` with ``k`` a reduction factor, conv),
+batched linear algebra (batch dims shared, matrix dims whole) and FFTs."""
 from __future__ import annotations
 
 from typing import Any
 
-from automap.rules.registry import FactorRule, RuleContext, einsum, letters, register, replicated
+from automap.rules.registry import Factor, FactorRule, RuleContext, einsum, letters, register, replicated
 
 
 @register("dot_general")
@@ -38,15 +39,72 @@ def _dot_general(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> Facto
 @register("conv_general_dilated")
 def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int = 1,
           batch_group_count: int = 1, **_: Any) -> FactorRule:
-    """Batch and output features parallel, input features a reduction, spatial dims whole."""
-    if dimension_numbers is None or feature_group_count != 1 or batch_group_count != 1:
+    """Batch and output features parallel, input features a reduction, spatial dims whole.
+
+    With ``G = feature_group_count`` groups the feature dims are ``(g, ci)`` (input), ``(g, og)``
+    (kernel output and output) and ``ci`` (kernel input). A depthwise conv (``ci == 1``) is
+    parallel in its groups ``g``: its channels stay split. XLA partitions no other grouped conv,
+    not even along its batch (it gathers the operands), so those stay whole."""
+    if dimension_numbers is None or batch_group_count != 1:
         return replicated(ctx)
     lhs_spec, rhs_spec, out_spec = dimension_numbers
     lhs, rhs = ctx.operands
-    lterm = ["."] * lhs.ndim
-    rterm = ["."] * rhs.ndim
-    oterm = ["."] * ctx.results[0].ndim
-    lterm[lhs_spec[0]] = oterm[out_spec[0]] = "b"
-    lterm[lhs_spec[1]] = rterm[rhs_spec[1]] = "i"
-    rterm[rhs_spec[0]] = oterm[out_spec[1]] = "o"
-    return einsum(ctx, f"{''.join(lterm)},{''.join(rterm)}->{''.join(oterm)}")
+    out = ctx.results[0]
+    groups = feature_group_count
+    if groups > 1 and rhs.shape[rhs_spec[1]] > 1:
+        return replicated(ctx)
+    factors: list[Factor] = []
+
+    def factor(size: int, kind: str = "parallel") -> tuple[int, ...]:
+        if size == 1:
+            return ()
+        factors.append(Factor(size, kind))  # type: ignore[arg-type]
+        return (len(factors) - 1,)
+
+    b = factor(lhs.shape[lhs_spec[0]])
+    g = factor(groups)
+    ci = factor(rhs.shape[rhs_spec[1]], "reduction")
+    og = factor(rhs.shape[rhs_spec[0]] // groups)
+    ldims: list[tuple[int, ...]] = [() for _ in lhs.shape]
+    rdims: list[tuple[int, ...]] = [() for _ in rhs.shape]
+    odims: list[tuple[int, ...]] = [() for _ in out.shape]
+    ldims[lhs_spec[0]] = odims[out_spec[0]] = b
+    ldims[lhs_spec[1]] = g + ci
+    rdims[rhs_spec[1]] = ci
+    rdims[rhs_spec[0]] = odims[out_spec[1]] = g + og
+    return FactorRule(tuple(factors), (tuple(ldims), tuple(rdims)), (tuple(odims),))
+
+
+def _batched(ctx: RuleContext, core: int) -> FactorRule:
+    """Leading (batch) dims shared by every operand and result; the ``core`` trailing dims of
+    operand 0 (a matrix, a vector) stay whole."""
+    nbatch = max(ctx.operands[0].ndim - core, 0)
+    batch_shape = ctx.operands[0].shape[:nbatch]
+    term = letters(nbatch)
+
+    def value_term(s: Any) -> str:
+        if s.shape[:nbatch] != batch_shape:
+            return "." * s.ndim
+        return term + "." * (s.ndim - nbatch)
+
+    return einsum(ctx, ",".join(map(value_term, ctx.operands)) + "->" + ",".join(map(value_term, ctx.results)))
+
+
+@register("cholesky", "eig", "eigh", "lu", "qr", "svd", "hessenberg", "schur", "householder_product",
+          "tridiagonal", "triangular_solve")
+def _linalg(ctx: RuleContext, **_: Any) -> FactorRule:
+    """Batched matrix decompositions and solves: batch dims shared, matrix dims whole (XLA
+    partitions only the batch dims, e.g. not the independent columns of a triangular solve)."""
+    return _batched(ctx, 2)
+
+
+@register("tridiagonal_solve")
+def _tridiagonal_solve(ctx: RuleContext, **_: Any) -> FactorRule:
+    return _batched(ctx, 1)  # dl, d, du are (..., m); b is (..., m, n)
+
+
+@register("fft")
+def _fft(ctx: RuleContext, **_: Any) -> FactorRule:
+    """Whole. Its leading dims are independent, but XLA's SPMD partitioner gathers an FFT's
+    operand even when only those are sharded; a replicated rule prices that gather."""
+    return replicated(ctx)

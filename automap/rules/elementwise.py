@@ -13,10 +13,12 @@ def_elementwise(
     # transcendental
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos",
     "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "lgamma", "digamma",
+    "igamma", "igammac", "igamma_grad_a", "random_gamma_grad", "polygamma", "zeta", "bessel_i0e", "bessel_i1e",
+    "regularized_incomplete_beta",
     # rounding and tests
     "floor", "ceil", "round", "is_finite",
     # comparisons and logic
-    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "select_n", "clamp",
+    "eq", "ne", "lt", "le", "gt", "ge", "eq_to", "lt_to", "le_to", "and", "or", "not", "xor", "select_n", "clamp",
     "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz",
     # conversions and identities
     "convert_element_type", "reduce_precision", "copy", "copy_p", "real", "imag", "conj", "complex",

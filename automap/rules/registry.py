@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import string
+import warnings
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 FactorKind = Literal["parallel", "reduction", "blocked"]
@@ -79,6 +80,10 @@ class MissingRuleError(NotImplementedError):
     """Raised in strict mode when a primitive has no factor rule."""
 
 
+class MissingRuleWarning(UserWarning):
+    """Warned outside strict mode when a primitive has no factor rule (it is replicated around)."""
+
+
 def _name(primitive: Any) -> str:
     return primitive if isinstance(primitive, str) else primitive.name
 
@@ -102,11 +107,18 @@ def rule_for(ctx: RuleContext, params: Mapping[str, Any], *, strict: bool) -> tu
     """The op's factor rule and whether it is a real rule (False: the replicate-around default)."""
     rule = RULES.get(ctx.primitive)
     if rule is None:
+        where = f"primitive '{ctx.primitive}' (at {ctx.source or '?'})"
         if strict:
             raise MissingRuleError(
-                f"automap has no factor rule for primitive '{ctx.primitive}' (at {ctx.source or '?'}). "
+                f"automap has no factor rule for {where}. "
                 "Register one with automap.rules.register, or pass strict=False to replicate around it."
             )
+        warnings.warn(
+            f"automap has no factor rule for {where}: its operands and results stay replicated. "
+            "Register one with automap.rules.register.",
+            MissingRuleWarning,
+            stacklevel=2,
+        )
         return replicated(ctx), False
     return rule(ctx, **params), True
 

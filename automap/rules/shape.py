@@ -6,12 +6,14 @@ import math
 from typing import Any, Sequence
 
 from automap.rules.registry import (
-    DimFactors, Factor, FactorRule, RuleContext, einsum, letters, register, replicated,
+    Factor, FactorRule, RuleContext, einsum, letters, register, replicated,
 )
 
 
 @register("broadcast_in_dim")
-def _broadcast_in_dim(ctx: RuleContext, *, shape: Sequence[int], broadcast_dimensions: Sequence[int], **_: Any) -> FactorRule:
+def _broadcast_in_dim(
+    ctx: RuleContext, *, shape: Sequence[int], broadcast_dimensions: Sequence[int], **_: Any
+) -> FactorRule:
     out = letters(len(shape))
     (x, *dyn) = ctx.operands
     if dyn:

@@ -91,6 +91,25 @@ def test_pins_by_policy():
     assert all(program.value(v).ndim for v in everything)
 
 
+@pytest.mark.parametrize("loop", ["while", "cond"])
+def test_values_inside_cond_and_while_are_not_claimed_as_pins(loop):
+    # cond/while are re-bound as they were, so nothing inside them can carry a constraint
+    def fn(w, x):
+        if loop == "while":
+            h = jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1] @ w)), (0, x))[1]
+        else:
+            h = jax.lax.cond(x.sum() > 0, lambda a: jnp.tanh(a @ w), lambda a: a @ w, x)
+        return (h @ w).sum(1)
+
+    w, x = rand(0, 16, 16), rand(1, 8, 16)
+    f = automap.partition(fn, mesh=MESH, pins="all")
+    plan = f.plan(w, x)
+    inside = {v.id for v in plan.program.values if v.region}
+    assert inside and not plan.pins & inside
+    assert {plan.program.value(v).name for v in plan.pins} == {"dot_general", "reduce_sum"}
+    close(f(w, x), fn(w, x))
+
+
 # ---------------------------------------------------------------------------- scan bodies
 
 def _megatron_scan(p, x):

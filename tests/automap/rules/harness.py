@@ -2,8 +2,10 @@
 
 A :class:`Row` is one case: a function, its arguments, the user's specs for (some) inputs, and
 what an expert expects: the propagated spec of the outputs (and of chosen intermediates), and
-the exact set of collective kinds XLA compiles. :func:`check` asserts all three, plus numerical
-equality with the unsharded program (rtol 1e-5, atol 1e-6).
+the exact set of collective kinds XLA compiles. :func:`check` asserts these, numerical equality
+with the unsharded program (rtol 1e-5; atol 1e-6 times the largest |output|), and that the
+collectives the plan's own model implies (``plan.reshards``, what the cost model prices) are of
+the same kinds unless the row says otherwise.
 
 Intermediates are named by primitive: ``"reshape"`` is the first result of the first ``reshape``
 op in program order (regions included), ``"reshape#1"`` the second one's, ``"cumsum:1"`` the
@@ -59,13 +61,6 @@ class Ints:
     high: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Key:
-    """A typed PRNG key argument (``jax.random.key(seed)``)."""
-
-    seed: int = 0
-
-
 def ints(shape: Sequence[int], high: int) -> Ints:
     return Ints(tuple(shape), high)
 
@@ -79,8 +74,6 @@ def materialize(args: Sequence[Any], seed: int = 0) -> list[Any]:
             out.append(jax.numpy.asarray(rng.standard_normal(a), dtype=np.float32))
         elif isinstance(a, Ints):
             out.append(jax.numpy.asarray(rng.integers(0, a.high, a.shape), dtype=np.int32))
-        elif isinstance(a, Key):
-            out.append(jax.random.key(a.seed))
         else:
             out.append(a)
     return out
@@ -94,19 +87,27 @@ def materialize(args: Sequence[Any], seed: int = 0) -> list[Any]:
 class Row:
     name: str
     fn: Callable
-    args: tuple[Any, ...]  # shapes (float32), Ints, Key, or arrays
+    args: tuple[Any, ...]  # shapes (float32), Ints, or arrays
     specs: Mapping[str, P]  # input path (e.g. "x", "params/w") -> PartitionSpec
     out: P | tuple[P, ...]  # expected spec of the output (a tuple of specs: one per output leaf)
     collectives: frozenset[str]  # exact set of kinds in the compiled HLO
     mesh: tuple[tuple[str, int], ...] = MESH_2x4
     inner: Mapping[str, P] = dataclasses.field(default_factory=dict)  # "prim[#k][:j]" -> spec
+    strict: bool = True  # a primitive without a rule is an error
+    # kinds of the collectives the plan's own model implies (plan.reshards): None, the same as
+    # ``collectives``; UNCHECKED, not compared
+    model: frozenset[str] | str | None = None
+
+
+UNCHECKED = "unchecked"
 
 
 def row(name: str, fn: Callable, args: Sequence[Any], specs: Mapping[str, P], out: Any,
         collectives: set[str] | frozenset[str], *, mesh: tuple = MESH_2x4,
-        inner: Mapping[str, P] | None = None, marks: Any = ()) -> Any:
+        inner: Mapping[str, P] | None = None, strict: bool = True, model: Any = None, marks: Any = ()) -> Any:
     """One table row as a ``pytest.param`` with id ``name``."""
-    r = Row(name, fn, tuple(args), dict(specs), out, frozenset(collectives), mesh, dict(inner or {}))
+    model = frozenset(model) if isinstance(model, (set, frozenset)) else model
+    r = Row(name, fn, tuple(args), dict(specs), out, frozenset(collectives), mesh, dict(inner or {}), strict, model)
     return pytest.param(r, id=name, marks=marks)
 
 
@@ -131,23 +132,26 @@ def _unpaired(fn: Callable) -> Callable:
     return wrapped
 
 
-def partition(r: Row, *, strict: bool = True) -> tuple[automap.Partitioned, list[Any]]:
+def partition(r: Row) -> tuple[automap.Partitioned, list[Any]]:
     rules = {f"^{re.escape(path)}$": spec for path, spec in r.specs.items()}
-    step = automap.partition(
-        _unpaired(r.fn), mesh=mesh(r.mesh), tactics=[tactics.manual(rules)] if rules else [], strict=strict, pins="all"
-    )
+    schedule = [tactics.manual(rules)] if rules else []
+    step = automap.partition(_unpaired(r.fn), mesh=mesh(r.mesh), tactics=schedule, strict=r.strict, pins="all")
     return step, materialize(r.args)
 
 
-def run(r: Row, *, strict: bool = True) -> Result:
+def run(r: Row) -> Result:
     """Plan, compile and run ``r.fn`` partitioned; run it unsharded for comparison."""
-    step, args = partition(r, strict=strict)
+    step, args = partition(r)
     plan = step.plan(*args)
     unknown = set(r.specs) - set(plan.program.input_paths)
     assert not unknown, f"specs for {unknown}, but the inputs are {plan.program.input_paths}"
+    # run the very executable that is measured (step(*args) would compile it again)
     compiled = step.lower(*args).compile(compiler_options=FAST)
-    outs = jax.tree.leaves(step(*args))
-    expected = jax.tree.leaves(jax.jit(r.fn)(*args))
+    leaves = jax.tree.leaves(args)
+    placed = [jax.device_put(x, s) for x, s in zip(leaves, jax.tree.leaves(plan.in_shardings), strict=True)]
+    outs = list(compiled(*placed))
+    reference = jax.jit(r.fn).lower(*args).compile(compiler_options=FAST)
+    expected = jax.tree.leaves(reference(*args))
     return Result(plan, outs, expected, automap.measure(compiled), compiled)
 
 
@@ -201,4 +205,8 @@ def check(r: Row) -> Result:
     assert kinds == set(r.collectives), (
         f"compiled collectives {kinds}, expected {set(r.collectives)}\n{res.measurement.summary()}"
     )
+    if r.model != UNCHECKED:
+        model = {x.kind for x in plan.reshards}
+        want_model = set(r.collectives if r.model is None else r.model)
+        assert model == want_model, f"the plan implies {model}, expected {want_model}: {plan.reshards}"
     return res

@@ -10,8 +10,25 @@ matmul = lambda x, w: x @ w  # noqa: E731
 bmm = lambda x, y: jnp.einsum("bij,bjk->bik", x, y)  # noqa: E731
 
 
-def conv(x, k):  # NHWC x HWIO -> NHWC
-    return lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+def conv(x, k, groups=1):  # NHWC x HWIO -> NHWC
+    return lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                    feature_group_count=groups)
+
+
+def depthwise(x, k):  # 8 channels, one group each, 2 outputs per group
+    return conv(x, k, groups=8)
+
+
+def grouped(x, k):  # 8 channels in 4 groups of 2, 4 outputs per group
+    return conv(x, k, groups=4)
+
+
+def spd_cholesky(a):
+    return jnp.linalg.cholesky(a @ a.swapaxes(-1, -2) + 4 * jnp.eye(a.shape[-1]))
+
+
+def tri_solve(a, b):
+    return lax.linalg.triangular_solve(jnp.tril(a) + 4 * jnp.eye(4), b, left_side=True, lower=True)
 
 
 ROWS = [
@@ -34,6 +51,10 @@ ROWS = [
     row("batch_free", bmm, [(8, 16, 32), (8, 32, 16)], {"x": P("data", "model")}, P("data", "model"), set()),
     row("batch_contracting", bmm, [(8, 16, 32), (8, 32, 16)], {"x": P("data", None, "model"), "y": P("data", "model")},
         P("data"), {"all-reduce"}),
+    row("attention_scores_heads", lambda q, k: jnp.einsum("bhqd,bhkd->bhqk", q, k), [(2, 4, 8, 8), (2, 4, 8, 8)],
+        {"q": P("data", "model"), "k": P("data", "model")}, P("data", "model"), set()),
+    row("attention_values_heads", lambda p, v: jnp.einsum("bhqk,bhkd->bqhd", p, v), [(2, 4, 8, 8), (2, 4, 8, 8)],
+        {"p": P(None, "model"), "v": P(None, "model")}, P(None, None, "model"), set()),
     row("matvec", matmul, [(16, 32), (32,)], {"x": P("data")}, P("data"), set()),
     row("vecvec", matmul, [(32,), (32,)], {"x": P("x")}, P(), {"all-reduce"}, mesh=MESH_8),
     row("outer", lambda a, b: jnp.einsum("i,j->ij", a, b), [(16,), (32,)], {"a": P("data"), "b": P("model")},
@@ -43,11 +64,31 @@ ROWS = [
     row("mlp_megatron", lambda x, w1, w2: jnp.tanh(x @ w1) @ w2, [(16, 32), (32, 64), (64, 32)],
         {"x": P("data"), "w1": P(None, "model"), "w2": P("model")}, P("data"), {"all-reduce"},
         inner={"tanh": P("data", "model")}),
+    # batched linear algebra and FFTs: batch dims shared, core dims whole
+    row("cholesky_batched", spd_cholesky, [(8, 4, 4)], {"a": P("data")}, P("data"), set(),
+        inner={"cholesky": P("data")}),
+    row("triangular_solve_batched", tri_solve, [(8, 4, 4), (8, 4, 16)], {"a": P("data"), "b": P("data")},
+        P("data"), set(), inner={"triangular_solve": P("data")}),
+    # XLA solves the independent columns of b whole: they are gathered
+    row("triangular_solve_columns", tri_solve, [(8, 4, 4), (8, 4, 16)], {"b": P("data", None, "model")},
+        P("data"), {"all-gather"}, inner={"triangular_solve": P("data")}),
+    # XLA gathers an FFT's operand even when only its batch dim is sharded (also under plain
+    # jax.jit with these shardings): the rule keeps it whole so that the plan prices the gather
+    row("fft_rows", jnp.fft.fft, [(16, 32)], {"a": P("data")}, P(), {"all-gather"}),
+    row("rfft_then_scale", lambda a, s: jnp.fft.rfft(a) * s, [(16, 32), (16, 1)], {"a": P("data"), "s": P("data")},
+        P("data"), {"all-gather"}),
     row("conv_batch", conv, [(8, 6, 6, 4), (3, 3, 4, 16)], {"x": P("data")}, P("data"), set()),
     row("conv_out_features", conv, [(8, 6, 6, 4), (3, 3, 4, 16)], {"x": P("data"), "k": P(None, None, None, "model")},
         P("data", None, None, "model"), set()),
     row("conv_in_features", conv, [(8, 6, 6, 8), (3, 3, 8, 16)], {"k": P(None, None, "model")},
         P(), {"all-reduce"}),
+    row("conv_depthwise_batch", depthwise, [(8, 6, 6, 8), (3, 3, 1, 16)], {"x": P("data")}, P("data"), set()),
+    row("conv_depthwise_channels", depthwise, [(8, 6, 6, 8), (3, 3, 1, 16)], {"x": P("data", None, None, "model")},
+        P("data", None, None, "model"), set(), inner={"conv_general_dilated": P("data", None, None, "model")}),
+    # XLA partitions a grouped (not depthwise) conv in no dim, not even its batch: gathered
+    row("conv_grouped_whole", grouped, [(8, 6, 6, 8), (3, 3, 2, 16)],
+        {"x": P("data"), "k": P(None, None, None, "model")},
+        P(), {"all-gather"}, inner={"conv_general_dilated": P()}),
 ]
 
 

@@ -1,5 +1,6 @@
 """Indexing: gather (embedding lookups: a sharded vocab is a partial sum), scatter-add (their
 gradients), scatter, dynamic_slice and dynamic_update_slice."""
+import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
@@ -14,6 +15,11 @@ embed_grad = lambda tokens, g: jnp.zeros((V, D)).at[tokens].add(g)  # noqa: E731
 embed_grad_into = lambda acc, tokens, g: acc.at[tokens].add(g)  # noqa: E731
 xent = lambda logits, labels: jnp.take_along_axis(logits, labels[:, None], axis=1)[:, 0]  # noqa: E731
 
+
+def xent_loss(logits, labels):
+    return jax.nn.logsumexp(logits, axis=-1) - xent(logits, labels)
+
+
 ROWS = [
     # name, fn, args, input specs, output spec, collective kinds
     # gather: embedding lookups
@@ -24,12 +30,19 @@ ROWS = [
         P("data", None, "model"), set()),
     row("embed_dp_vocab", embed, [(V, D), TOK], {"emb": P("model"), "tokens": P("data", None)}, P("data"),
         {"all-reduce"}),
+    row("embed_vocab_and_dmodel", embed, [(V, D), TOK], {"emb": P("model", "data")}, P(None, None, "data"),
+        {"all-reduce"}),
     row("take_rows", lambda x, i: x[i], [(V, D), ints((4,), V)], {"x": P(None, "model")}, P(None, "model"), set()),
     # take_along_axis (cross-entropy labels): gather with batching dims
     row("take_along_batch", xent, [(16, V), ints((16,), V)], {"logits": P("data"), "labels": P("data")},
         P("data"), set()),
     row("take_along_classes_sharded", xent, [(16, V), ints((16,), V)], {"logits": P("data", "model")},
         P("data"), {"all-reduce"}),
+    # the cross-entropy of vocab-parallel logits: two partial results (the logsumexp's max and
+    # sum) and the label's logit
+    row("xent_vocab_parallel", xent_loss, [(16, V), ints((16,), V)],
+        {"logits": P("data", "model"), "labels": P("data")},
+        P("data"), {"all-reduce"}, inner={"gather": P("data")}),
     # scatter-add: embedding gradients
     row("embed_grad_dmodel", embed_grad, [TOK, (8, 8, D)], {"g": P(None, None, "model")}, P(None, "model"), set()),
     row("embed_grad_dp", embed_grad, [TOK, (8, 8, D)], {"tokens": P("data"), "g": P("data")}, P(), {"all-reduce"}),
@@ -37,6 +50,13 @@ ROWS = [
         P(None, "model"), {"all-reduce"}),
     row("embed_grad_vocab_sharded", embed_grad_into, [(V, D), TOK, (8, 8, D)], {"acc": P("model")}, P("model"),
         set()),
+    # the accumulator counts once, however the updates are split
+    row("scatter_add_into_acc", embed_grad_into, [(V, D), TOK, (8, 8, D)], {"tokens": P("data"), "g": P("data")},
+        P(), {"all-reduce"}),
+    row("scatter_max", lambda x, i, u: x.at[i].max(u), [(V, D), ints((8,), V), (8, D)], {"x": P(None, "model")},
+        P(None, "model"), set(), inner={"scatter-max": P(None, "model")}),
+    row("scatter_mul_updates_split", lambda x, i, u: x.at[i].mul(u), [(V, D), ints((8,), V), (8, D)],
+        {"u": P("x")}, P(), {"all-reduce"}, mesh=MESH_8),
     # scatter (overwrite): the update's batch dims may not be split
     row("scatter_set_rows", lambda x, i, u: x.at[i].set(u), [(V, D), ints((4,), 4), (4, D)],
         {"x": P(None, "model")}, P(None, "model"), set()),

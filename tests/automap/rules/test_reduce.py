@@ -10,6 +10,19 @@ from harness import MESH_8, check, row
 
 S = (16, 32)
 DM = P("data", "model")
+NHWC = (8, 8, 8, 4)
+
+
+def variadic_reduce(x):  # (sum, max) in one reduce with a user computation
+    return lax.reduce((x, x), (0.0, -jnp.inf), lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1])), (1,))
+
+
+def avg_pool(x):
+    return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4
+
+
+def max_pool(x):
+    return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
 
 ROWS = [
     # name, fn, args, input specs, output spec, collective kinds
@@ -44,9 +57,21 @@ ROWS = [
         inner={"iota": P(None, "model"), "sort:1": P(None, "model")}),
     row("sort_multi_operand", lambda k, v: lax.sort((k, v), dimension=1, num_keys=1), [S, S],
         {"k": P("data"), "v": P(None, "model")}, (P("data"), P("data")), {"all-gather"}),
-    # the rule keeps the rows split; XLA's SPMD partitioner does not partition chlo.top_k (it
-    # gathers the operand even under plain jax.jit with these shardings)
-    row("top_k", lambda x: lax.top_k(x, 4), [S], {"x": P("data")}, (P("data"), P("data")), {"all-gather"}),
+    # XLA's SPMD partitioner does not partition chlo.top_k: it gathers the operand even when only
+    # the independent rows are sharded (also under plain jax.jit), so the rule keeps it whole
+    row("top_k", lambda x: lax.top_k(x, 4), [S], {"x": P("data")}, (P(), P()), {"all-gather"}),
+    row("top_k_axis0", lambda x: lax.top_k(x, 4, axis=0), [S], {"x": P(None, "model")}, (P(), P()),
+        {"all-gather"}),
+    row("approx_max_k", lambda x: lax.approx_max_k(x, 4)[0], [S], {"x": P("data")}, P("data"), set()),
+    # a variadic reduction with a user computation: reduced dims stay whole
+    row("variadic_reduce_kept", variadic_reduce, [S], {"x": P("data")}, (P("data"), P("data")), set()),
+    row("variadic_reduce_blocked", variadic_reduce, [S], {"x": DM}, (P("data"), P("data")), {"all-gather"}),
+    # pooling: windowed dims stay whole, the others are shared
+    row("avg_pool", avg_pool, [NHWC], {"x": P("data", None, None, "model")}, P("data", None, None, "model"), set(),
+        inner={"reduce_window_sum": P("data", None, None, "model")}),
+    row("max_pool_window_dim_sharded", max_pool, [NHWC], {"x": P("data", "model")}, P("data"), {"all-gather"}),
+    row("max_pool_grad", jax.grad(lambda x: max_pool(x).sum()), [NHWC], {"x": P("data", None, None, "model")},
+        P("data", None, None, "model"), set(), inner={"select_and_scatter_add": P("data", None, None, "model")}),
 ]
 
 

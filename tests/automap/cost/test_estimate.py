@@ -1,0 +1,94 @@
+"""The cost model's closed forms on the zoo GPT, and agreement with what XLA compiled."""
+import math
+
+import jax
+import pytest
+from jax import tree_util
+from jax.sharding import PartitionSpec as P
+
+import automap
+import tactics
+from automap import zoo
+from automap.cost import Topology, estimate
+
+CFG = dict(layers=2, vocab=64, seq=16, d_model=32, heads=4, batch=8)
+
+
+def _rules(specs_tree, prefix):
+    return [
+        (f"^{prefix}/" + "/".join(str(k.key) for k in path) + "$", spec)
+        for path, spec in tree_util.tree_flatten_with_path(specs_tree, is_leaf=lambda x: isinstance(x, P))[0]
+        if any(e is not None for e in spec)
+    ]
+
+
+def _plan(strategy, mesh_axes, scan=False):
+    w = zoo.gpt_linen(zoo.GPTConfig(scan=scan, **CFG))
+    state, batch = w.init(0)
+    mesh = automap.make_mesh(mesh_axes)
+    s, b = getattr(zoo.experts, strategy)(state, batch, mesh)
+    rules = _rules(s["params"], "state/params") + _rules(b, "batch")
+    step = automap.automap(w.train_step, mesh=mesh, tactics=[tactics.manual(rules)])
+    return w, state, batch, step, step.plan(state, batch)
+
+
+def _param_bytes(state):
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state["params"]))
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_data_parallel_gradient_all_reduce_equals_parameter_bytes(scan):
+    _, state, _, _, plan = _plan("data_parallel", {"data": 8}, scan)
+    program = plan.program
+    grads = [c for c in plan.estimate.collectives if c.kind == "all-reduce" and program.values[c.value].ndim > 0]
+    assert sum(c.bytes * c.count for c in grads) == _param_bytes(state)
+    assert all(c.axes == ("data",) for c in grads)
+
+
+def test_megatron_forward_all_reduces_two_per_layer():
+    _, _, _, _, plan = _plan("megatron", {"data": 2, "model": 4})
+    program = plan.program
+    act = (CFG["batch"] // 2) * CFG["seq"] * CFG["d_model"] * 4  # batch split over data
+    fwd = [
+        c for c in plan.estimate.collectives
+        if c.kind == "all-reduce" and program.values[c.value].phase == "forward" and "blocks_" in c.module
+    ]
+    assert len(fwd) == 2 * CFG["layers"]
+    assert all(c.bytes == act and c.axes == ("model",) for c in fwd)
+    assert {c.module.split("/")[-1] for c in fwd} == {"out", "down"}  # row-parallel projections
+
+
+def test_fsdp_gathers_each_parameter_once_and_xla_agrees():
+    w, state, batch, step, plan = _plan("fsdp", {"data": 8})
+    program = plan.program
+    est = plan.estimate
+    kernels = {v for v in program.inputs if program.values[v].name.startswith("state/params")
+               and program.values[v].name.endswith("kernel")}
+    sharded = {v for v in kernels if plan.state.spec(v) != tuple(() for _ in program.values[v].shape)}
+    assert len(sharded) == len(kernels) == 4 * CFG["layers"] + 1  # qkv, out, up, down; head
+    gathers = [c for c in est.collectives if c.kind == "all-gather" and c.value in sharded]
+    # gathered once for the forward pass and kept for the backward pass (as XLA's CSE does)
+    assert sorted(c.value for c in gathers) == sorted(sharded)
+    for c in gathers:
+        assert c.bytes == program.values[c.value].nbytes  # the whole parameter on every device
+    m = automap.measure(step.lower(state, batch).compile())
+    assert abs(est.collective_bytes - m.collective_bytes) <= 0.10 * m.collective_bytes
+    assert abs(est.peak_memory_bytes - m.memory_per_device) <= 0.25 * m.memory_per_device
+    assert est.dot_flops == m.dot_flops
+
+
+def test_estimate_matches_xla_for_megatron_and_time_follows_topology():
+    _, state, batch, step, plan = _plan("megatron", {"data": 2, "model": 4})
+    m = automap.measure(step.lower(state, batch).compile())
+    est = plan.estimate
+    assert abs(est.collective_bytes - m.collective_bytes) <= 0.01 * m.collective_bytes
+    assert est.dot_flops == m.dot_flops
+    # the same plan on a slower interconnect costs more communication time, same bytes
+    slow = Topology.preset("h100-2x8")
+    fast = Topology.preset("h100-8")
+    e_slow = estimate(plan.state, slow.with_links(data=slow.levels[-1].link, model=slow.levels[-1].link))
+    e_fast = estimate(plan.state, fast)
+    assert e_slow.collective_bytes == e_fast.collective_bytes
+    assert e_slow.comm_time_s > e_fast.comm_time_s
+    assert math.isclose(e_slow.compute_time_s, e_fast.compute_time_s)
+    assert "estimate" in plan.report()
