@@ -75,13 +75,13 @@ class _Lowering:
     def lower_eqn(self, eqn: Any, env: dict, ops: list[Op], scope: "_Scope") -> None:
         prim = eqn.primitive.name
         stack = _compat.name_stack_of(eqn)
+        module = "/".join(p for p in (scope.module, module_path(stack)) if p)
+        in_ids = [self.read(env, a, scope.region) for a in eqn.invars]
         phase = phase_of(stack) or scope.phase
-        if phase is None:
+        if phase is None:  # outside any transform: optimizer work once gradients exist, else forward
             phase = "optimizer" if self.seen_backward else "forward"
         if phase == "backward":
             self.seen_backward = True
-        module = "/".join(p for p in (scope.module, module_path(stack)) if p)
-        in_ids = [self.read(env, a, scope.region) for a in eqn.invars]
 
         if prim in _compat.INLINE_CALLS:
             body, consts = _compat.inline_body(eqn)

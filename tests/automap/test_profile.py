@@ -160,7 +160,21 @@ def test_table_and_estimate(tiny):
     assert len([line for line in text.splitlines() if line.startswith("dot_general")]) == 5
     e = p.estimate()
     assert e.dot_flops == p.totals.dot_flops and e.memory.peak == p.memory["peak"]
+    assert e.flops == p.totals.flops and e.bytes_accessed == p.totals.bytes_accessed
     assert e.time_s > 0
+
+
+def test_gc_state_restored():
+    import gc
+
+    gc.disable()
+    try:
+        profile(lambda x: x * 2, f32(3))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    profile(lambda x: x * 2, f32(3))
+    assert gc.isenabled()
 
 
 def test_huge_model_allocates_nothing():

@@ -1,0 +1,146 @@
+"""Structure the tactics recognise: which values derive from the weights, and where a factor
+goes when it flows forward from a value through the ops' factor rules.
+
+Nothing here looks at names: a *weight* is an input the step returns updated (state) or a value
+computed from such inputs alone; a factor's *fate* is read off the factor rules of the ops it
+flows through (a contraction with a weight, a reduction, a blocked dim, the loss).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Literal
+
+from automap.ir.program import Op, Program
+
+EndKind = Literal["contract_weight", "contract_activation", "reduce", "blocked", "mix_weight", "output"]
+
+
+def producers(program: Program) -> dict[int, Op]:
+    out = {}
+    for op in program.all_ops:
+        for v in op.linked_outputs:
+            out.setdefault(v, op)
+    return out
+
+
+def weight_derived(program: Program, state_inputs: Iterable[int]) -> set[int]:
+    """Values computed from state inputs (and constants) alone, with at least one state input:
+    the weights as the forward pass sees them (sliced out of a scan, reshaped, transposed)."""
+    return derived(program, state_inputs)[0]
+
+
+def derived(program: Program, state_inputs: Iterable[int]) -> tuple[set[int], set[int]]:
+    """(weight-derived values, constant values: literals, consts and what is computed from them)."""
+    known = set(state_inputs)
+    constant = {v.id for v in program.values if v.kind in ("literal", "const")}
+    changed = True
+    while changed:
+        changed = False
+        for op in program.all_ops:
+            if op.regions:
+                for region, outer in _region_inputs(op):
+                    for src, dst in ((known, known), (constant, constant)):
+                        if outer in src and region not in dst:
+                            dst.add(region)
+                            changed = True
+                continue
+            if op.phase != "forward" or all(v in known or v in constant for v in op.outputs):
+                continue
+            if all(v in known or v in constant for v in op.inputs):
+                (known if any(v in known for v in op.inputs) else constant).update(op.outputs)
+                changed = True
+    return known, constant
+
+
+def _region_inputs(op: Op) -> list[tuple[int, int]]:
+    """(region input, outer operand) pairs of a control-flow op whose input maps one to one."""
+    pairs = []
+    if op.primitive == "scan":
+        pairs = list(zip(op.regions[0].inputs, op.inputs, strict=True))
+    elif op.primitive == "cond":
+        for region in op.regions:
+            pairs += list(zip(region.inputs, op.inputs[1:], strict=True))
+    return pairs
+
+
+@dataclasses.dataclass(frozen=True)
+class FactorEnd:
+    kind: EndKind
+    op: Op | None  # where the flow ended (None for a program output)
+
+
+@dataclasses.dataclass(frozen=True)
+class Flow:
+    """Where one dim of one value goes, followed forward through the program."""
+
+    ends: tuple[FactorEnd, ...]
+    visited: frozenset[tuple[int, int]]  # (value, dim) pairs the factor reached
+
+    def kinds(self) -> set[str]:
+        return {e.kind for e in self.ends}
+
+    def ops(self, kind: EndKind) -> list[Op]:
+        return [e.op for e in self.ends if e.kind == kind and e.op is not None]
+
+
+def follow(
+    program: Program, value: int, dim: int, weights: set[int], *, phases: tuple[str, ...] = ("forward",),
+    users: dict[int, list[tuple[Op, int]]] | None = None,
+) -> Flow:
+    """Follow dim ``dim`` of ``value`` forward: through every op reading it, the factor of that dim
+    goes to the result dims holding it, until it is contracted, reduced, blocked, meets a weight
+    in an elementwise op (``mix_weight``) or reaches a program output."""
+    users = users if users is not None else consumers(program)
+    outputs = set(program.outputs)
+    ends: list[FactorEnd] = []
+    seen: set[tuple[int, int]] = set()
+    stack = [(value, dim)]
+    while stack:
+        vid, d = stack.pop()
+        if (vid, d) in seen:
+            continue
+        seen.add((vid, d))
+        if vid in outputs:
+            ends.append(FactorEnd("output", None))
+        for op, pos in users.get(vid, ()):
+            if op.phase not in phases and not op.regions:
+                continue
+            rule = op.rule
+            dims = rule.operands[pos]
+            if d >= len(dims) or not dims[d]:
+                ends.append(FactorEnd("blocked", op))
+                continue
+            f = dims[d][0]  # the major factor of the dim carries the tiling
+            factor = rule.factors[f]
+            if factor.kind == "blocked":
+                ends.append(FactorEnd("blocked", op))
+                continue
+            if factor.kind == "reduction":
+                if op.primitive == "dot_general":
+                    others = [v for i, v in enumerate(op.linked_inputs) if i != pos]
+                    kind: EndKind = "contract_weight" if all(v in weights for v in others) else "contract_activation"
+                    ends.append(FactorEnd(kind, op))
+                else:
+                    ends.append(FactorEnd("reduce", op))
+                continue
+            if not op.regions:
+                partners = [
+                    v for i, (v, vd) in enumerate(zip(op.linked_inputs, rule.operands, strict=True))
+                    if i != pos and any(fs and fs[0] == f for fs in vd) and v in weights
+                ]
+                if partners:  # recorded, and followed on: a bias add keeps a column factor going
+                    ends.append(FactorEnd("mix_weight", op))
+            for v, vd in zip(op.linked_outputs, rule.results, strict=True):
+                for rd, fs in enumerate(vd):
+                    if fs and fs[0] == f:
+                        stack.append((v, rd))
+    return Flow(tuple(ends), frozenset(seen))
+
+
+def consumers(program: Program) -> dict[int, list[tuple[Op, int]]]:
+    """value -> (op, operand position) for every op that reads it through its rule."""
+    out: dict[int, list[tuple[Op, int]]] = {}
+    for op in program.all_ops:
+        for pos, v in enumerate(op.linked_inputs):
+            out.setdefault(v, []).append((op, pos))
+    return out

@@ -1,0 +1,150 @@
+"""``megatron(axis)``: tensor parallelism found from the structure of the program.
+
+A *column-parallel* weight is one whose output feature, followed forward through the factor
+rules, only ever ends in a contraction with another weight (the *row-parallel* one): through
+elementwise work (GELU, SwiGLU's product, bias adds), reshapes, and attention, where the heads
+factor is a batch factor of the score and value contractions. Tiling the column weight's
+feature on ``axis`` is the whole decision; propagation shards the row weight's contraction dim,
+the biases and every activation in between, and the row contraction leaves a partial sum (the
+one all-reduce per pair). A weight whose output feature ends only in reductions (the loss's
+softmax over the vocabulary) is a *vocab-parallel head*; a weight looked up by ``gather`` is a
+*vocab-parallel embedding*. Weights are processed in program order and each is used once, so a
+stack of dense layers pairs up column, row, column, row.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from automap.ir.program import Op, Program
+from automap.propagate import apply
+from automap.shardings import Action, ShardingError, ShardingState
+from tactics.base import PlanContext, TacticResult
+from tactics.flow import consumers, derived, follow
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    kind: str  # "column" | "head" | "embedding"
+    op: Op
+    weight: int  # the weight-derived value tiled
+    dim: int
+    rows: tuple[Op, ...] = ()  # contractions the column pairs with
+
+
+def _label(program: Program, op: Op) -> str:
+    return op.name or f"{op.primitive}#{op.id}"
+
+
+def _free_dims(op: Op, pos: int) -> list[tuple[int, int, int]]:
+    """(operand dim, result dim) of operand ``pos`` of a dot whose factor reaches the result."""
+    rule = op.rule
+    out = []
+    for d, fs in enumerate(rule.operands[pos]):
+        if not fs or rule.factors[fs[0]].kind != "parallel":
+            continue
+        for rd, rfs in enumerate(rule.results[0]):
+            if rfs and rfs[0] == fs[0]:
+                out.append((d, rd, rule.factors[fs[0]].size))
+    return out
+
+
+def find_candidates(program: Program, state_inputs: tuple[int, ...]) -> tuple[list[Candidate], list[str]]:
+    """Column/row pairs, heads and embeddings, in program order, each weight used once."""
+    weights, constants = derived(program, state_inputs)
+    users = consumers(program)
+    used: set[int] = set()
+    found: list[Candidate] = []
+    why_not: list[str] = []
+    for op in program.all_ops:
+        if op.phase != "forward":
+            continue
+        data_indices = op.primitive == "gather" and op.inputs[1] not in weights and op.inputs[1] not in constants
+        if data_indices and op.inputs[0] in weights:  # a lookup by data (tokens), not by position
+            rule = op.rule
+            for d, fs in enumerate(rule.operands[0]):
+                if fs and rule.factors[fs[0]].kind == "reduction" and op.inputs[0] not in used:
+                    found.append(Candidate("embedding", op, op.inputs[0], d))
+                    used.add(op.inputs[0])
+            continue
+        if op.primitive != "dot_general":
+            continue
+        w_pos = [i for i, v in enumerate(op.inputs) if v in weights]
+        if len(w_pos) != 1:
+            continue
+        pos = w_pos[0]
+        weight = op.inputs[pos]
+        if weight in used:
+            continue
+        best = None
+        for d, rd, size in sorted(_free_dims(op, pos), key=lambda t: -t[2]):
+            flow = follow(program, op.outputs[0], rd, weights, users=users)
+            kinds = flow.kinds() - {"mix_weight"}
+            rows = tuple(dict.fromkeys(flow.ops("contract_weight")))
+            if kinds == {"contract_weight"} and not any(other_weight(r, weights) in used for r in rows):
+                best = Candidate("column", op, weight, d, rows)
+                break
+            if kinds == {"reduce"} and best is None:
+                best = Candidate("head", op, weight, d)
+            elif best is None:
+                why_not.append(f"{_label(program, op)} dim {d}: ends in {sorted(kinds)}")
+        if best is None:
+            continue
+        found.append(best)
+        used.add(weight)
+        for r in best.rows:
+            used.add(other_weight(r, weights))
+    return found, why_not
+
+
+def other_weight(op: Op, weights: set[int]) -> int:
+    return next(v for v in op.inputs if v in weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class Megatron:
+    axis: str
+    name: str = "megatron"
+
+    def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
+        program = ctx.program
+        if self.axis not in ctx.axes:
+            return TacticResult(state, (f"megatron({self.axis!r}): not a mesh axis {tuple(ctx.axes)}; nothing done",))
+        candidates, why_not = find_candidates(program, ctx.state_inputs)
+        actions, notes = [], []
+        for c in candidates:
+            action = Action(c.weight, c.dim, self.axis)
+            try:
+                state.check_action(action)
+            except ShardingError as e:
+                notes.append(f"megatron({self.axis!r}) skips {c.kind} {_label(program, c.op)}: {e}")
+                continue
+            actions.append(action)
+            if c.kind == "column":
+                rows = ", ".join(_label(program, r) for r in c.rows)
+                notes.append(f"megatron({self.axis!r}): column {_label(program, c.op)} paired with row {rows}")
+            else:
+                notes.append(f"megatron({self.axis!r}): vocab-parallel {c.kind} {_label(program, c.op)}")
+        if not actions:
+            reason = "; ".join(why_not[:3]) or "no contraction with a weight"
+            return TacticResult(state, tuple(notes) + (f"megatron({self.axis!r}): no matmul chain found ({reason})",))
+        state = apply(state, actions, label=f"megatron({self.axis!r})")
+        return TacticResult(state, tuple(notes))
+
+
+def megatron(axis: str = "model") -> Megatron:
+    """Megatron tensor parallelism on mesh axis ``axis``: column-parallel then row-parallel
+    matmul pairs, heads over attention heads, vocab-parallel embedding and output head.
+
+    >>> import jax, jax.numpy as jnp, automap
+    >>> def loss(params, x):
+    ...     return (jnp.tanh(x @ params["up"]) @ params["down"]).sum()
+    >>> def step(params, x):
+    ...     value, g = jax.value_and_grad(loss)(params, x)
+    ...     return jax.tree.map(lambda p, g: p - 0.1 * g, params, g), value
+    >>> mesh = automap.make_mesh({"model": 2})
+    >>> params = {"up": jnp.ones((4, 8)), "down": jnp.ones((8, 4))}
+    >>> plan = automap.partition(step, mesh=mesh, tactics=[megatron("model")]).plan(params, jnp.ones((2, 4)))
+    >>> [plan.state.spec(v) for v in plan.program.inputs[:2]]  # down: row-parallel, up: column-parallel
+    [(('model',), ()), ((), ('model',))]
+    """
+    return Megatron(axis)
