@@ -4,13 +4,13 @@
 >>> [t.name for t in (tactics.data_parallel("data"), tactics.megatron("model"))]
 ['data_parallel', 'megatron']
 """
-from tactics.base import PlanContext, Tactic, TacticResult, run_schedule
+from tactics.base import PlanContext, Schedule, Tactic, TacticResult, run_schedule, schedule
 from tactics.batch import batch_over_all_axes
 from tactics.data_parallel import data_parallel
 from tactics.manual import manual
 from tactics.megatron import megatron
 
 __all__ = [
-    "PlanContext", "Tactic", "TacticResult", "batch_over_all_axes", "data_parallel", "manual", "megatron",
-    "run_schedule",
+    "PlanContext", "Schedule", "Tactic", "TacticResult", "batch_over_all_axes", "data_parallel", "manual",
+    "megatron", "run_schedule", "schedule",
 ]

@@ -33,6 +33,31 @@ class Tactic(Protocol):
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult: ...
 
 
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Tactics applied in order (like an optax chain): itself a tactic, so schedules nest."""
+
+    tactics: tuple[Tactic, ...]
+    name: str = "schedule"
+
+    def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
+        return run_schedule(self.tactics, ctx, state)
+
+
+def schedule(*tactics: Tactic) -> Schedule:
+    """Compose tactics; earlier ones decide first (their decisions win where two disagree).
+
+    >>> import tactics
+    >>> s = tactics.schedule(tactics.data_parallel("data"), tactics.megatron("model"))
+    >>> [t.name for t in s.tactics]
+    ['data_parallel', 'megatron']
+    """
+    flat: list[Tactic] = []
+    for t in tactics:
+        flat.extend(t.tactics if isinstance(t, Schedule) else (t,))
+    return Schedule(tuple(flat))
+
+
 def run_schedule(tactics: Sequence[Tactic], ctx: PlanContext, state: ShardingState) -> TacticResult:
     """Apply tactics in order; notes and open decisions accumulate."""
     notes: list[str] = []
