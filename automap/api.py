@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -12,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding
 from automap import _compat, emit
 from automap.ir.lower import lower
 from automap.ir.program import Program
+from automap.nnx_args import GraphArgs
 from automap.propagate import Reshard, reshards
 from automap.report import format_report
 from automap.shardings import ShardingState, Spec
@@ -86,6 +88,54 @@ class Plan:
         """A readable table: per input leaf its shape, spec, bytes per device and why."""
         return format_report(self)
 
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A stable hash of the planned program's structure (see :mod:`automap.plan_io`)."""
+        from automap.plan_io import fingerprint
+
+        return fingerprint(self.program)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan to ``path`` as JSON (format: :mod:`automap.plan_io`).
+
+        >>> import os, tempfile, jax.numpy as jnp, automap
+        >>> plan = automap.partition(jnp.tanh, mesh=make_mesh({"data": 2})).plan(jnp.ones((8, 4)))
+        >>> plan.save(os.path.join(tempfile.mkdtemp(), "plan.json"))
+        """
+        from automap.plan_io import save
+
+        save(self, path)
+
+    @staticmethod
+    def load(
+        path: str | os.PathLike, mesh: Mesh, fn: Callable | None = None, args: Sequence[Any] | None = None,
+        **options: Any,
+    ) -> Any:
+        """Load a plan file for ``mesh`` (checked now); with ``fn`` and ``args``, the Plan for them.
+
+        Without ``fn``, a :class:`~automap.plan_io.StoredPlan` to pass as ``plan=`` to
+        :func:`automap` (checked against the function's fingerprint on its first call). With ``fn``
+        and ``args`` (``options``: ``static_argnums``, ``donate_argnums``, ``strict``,
+        ``topology``), the function is traced, checked, and the stored specs are set.
+        A different mesh, function or shapes raise :class:`~automap.plan_io.PlanMismatchError`
+        naming what changed.
+
+        >>> import os, tempfile, jax.numpy as jnp, automap
+        >>> mesh = make_mesh({"data": 2})
+        >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
+        >>> automap.partition(jnp.tanh, mesh=mesh).plan(jnp.ones((8, 4))).save(path)
+        >>> Plan.load(path, mesh, jnp.tanh, (jnp.ones((8, 4)),)).in_shardings[0].spec
+        PartitionSpec('data',)
+        """
+        from automap.plan_io import StoredPlan
+
+        stored = StoredPlan.load(path, mesh)
+        if fn is None:
+            return stored
+        if args is None:
+            raise TypeError("Plan.load(path, mesh, fn) needs args too: pass args=(example arguments...)")
+        return stored.build(fn, tuple(args), **options)
+
     def check_args(self, args: Sequence[Any], static_argnums: Sequence[int] = ()) -> list[Any]:
         """Flatten ``args`` and check them against the plan's structure, shapes and dtypes."""
         static = set(static_argnums)
@@ -144,10 +194,20 @@ class Partitioned:
         static_argnums: Sequence[int] = (),
         strict: bool = False,
         pins: emit.PinPolicy = "anchors",
-        plan: Plan | None = None,
+        plan: Plan | Any | str | os.PathLike | None = None,
     ):
+        from automap.plan_io import StoredPlan
+
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh (see automap.make_mesh), got {type(mesh).__name__}")
+        if isinstance(plan, (str, os.PathLike)):
+            plan = StoredPlan.load(plan, mesh)
+        if isinstance(plan, StoredPlan):
+            plan.check_mesh(mesh)
+            self._stored: StoredPlan | None = plan
+            plan = None
+        else:
+            self._stored = None
         if plan is not None and plan.mesh != mesh:
             raise ValueError(
                 f"the plan was made for mesh {dict(plan.mesh.shape)} but mesh {dict(mesh.shape)} was given; "
@@ -190,19 +250,32 @@ class Partitioned:
         return static, tree, avals
 
     def plan(self, *args: Any) -> Plan:
-        """Plan for these arguments (arrays or ``jax.ShapeDtypeStruct``); runs nothing."""
+        """Plan for these arguments (arrays or ``jax.ShapeDtypeStruct``); runs nothing.
+
+        flax nnx objects among the arguments are planned as their state (see
+        :mod:`automap.nnx_args` for the paths they get).
+        """
+        return self._prepare(args)[2]
+
+    def _prepare(self, args: Sequence[Any]) -> tuple[GraphArgs | None, tuple[Any, ...], Plan]:
+        """(the split nnx objects or None, the pure arguments, their plan)."""
+        graph = GraphArgs.split(args, self.static_argnums)
+        pure = tuple(args) if graph is None else graph.pure_args
         if self._fixed_plan is not None:
-            self._fixed_plan.check_args(args, self.static_argnums)
-            return self._fixed_plan
-        key = self._signature(args)
+            self._fixed_plan.check_args(pure, self.static_argnums)
+            return graph, pure, self._fixed_plan
+        key = (self._signature(pure), None if graph is None else graph.key)
         if key not in self._plans:
             from automap.planner import make_plan
 
-            self._plans[key] = make_plan(
-                self.fn, args, self.mesh, tactics=self.tactics, static_argnums=self.static_argnums,
-                strict=self.strict, pins=self.pins, topology=self.topology, donate_argnums=self.donate_argnums,
-            )
-        return self._plans[key]
+            fn = self.fn if graph is None else graph.pure_fn(self.fn)
+            options = dict(static_argnums=self.static_argnums, strict=self.strict, topology=self.topology,
+                           donate_argnums=self.donate_argnums)
+            if self._stored is not None:  # a plan file: trace, check, set the stored specs
+                self._plans[key] = self._stored.build(fn, pure, **options)
+            else:
+                self._plans[key] = make_plan(fn, pure, self.mesh, tactics=self.tactics, pins=self.pins, **options)
+        return graph, pure, self._plans[key]
 
     def _jitted(self, plan: Plan) -> Any:
         if id(plan) not in self._compiled:
@@ -216,17 +289,18 @@ class Partitioned:
 
     def lower(self, *args: Any) -> Any:
         """The ``jax.stages.Lowered`` of exactly what ``__call__`` runs."""
-        plan = self.plan(*args)
-        leaves = plan.check_args(args, self.static_argnums)
+        _, pure, plan = self._prepare(args)
+        leaves = plan.check_args(pure, self.static_argnums)
         abstract = [_compat_abstract(x) for x in leaves]
         return self._jitted(plan).lower(*abstract)
 
     def __call__(self, *args: Any) -> Any:
-        plan = self.plan(*args)
-        leaves = plan.check_args(args, self.static_argnums)
+        graph, pure, plan = self._prepare(args)
+        leaves = plan.check_args(pure, self.static_argnums)
         placed = [_place(x, s) for x, s in zip(leaves, emit.shardings(plan.state, self.mesh, plan.program.inputs), strict=True)]
         outs = self._jitted(plan)(*placed)
-        return tree_util.tree_unflatten(plan.traced.out_tree, outs)
+        result = tree_util.tree_unflatten(plan.traced.out_tree, outs)
+        return result if graph is None else graph.finish(result)  # nnx objects updated in place
 
 
 def _compat_abstract(x: Any) -> jax.ShapeDtypeStruct:
@@ -249,7 +323,13 @@ def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
     Keywords: ``tactics`` (a list of tactics applied in order; default: shard the batch over
     every mesh axis that divides it), ``search``, ``memory_budget``, ``topology``,
     ``donate_argnums``, ``static_argnums``, ``strict`` (error on primitives without a rule),
-    ``pins`` (which intermediates get sharding constraints), ``plan`` (a fixed Plan).
+    ``pins`` (which intermediates get sharding constraints), ``plan`` (a fixed Plan, or a plan
+    file's path / :meth:`Plan.load` result: no tactics or search run, the stored specs are used
+    after checking the function's fingerprint and the mesh).
+
+    Arguments may be flax nnx objects (``train_step(model, optimizer, batch)`` mutating them as
+    under ``nnx.jit``): they are planned as their state, which is written back into them after the
+    call, sharded per plan (see :mod:`automap.nnx_args`).
 
     >>> import jax, jax.numpy as jnp, automap
     >>> mesh = automap.make_mesh({"data": 1})

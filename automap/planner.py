@@ -9,7 +9,31 @@ from jax.sharding import Mesh
 from automap import emit
 from automap.ir.lower import lower
 from automap.shardings import ShardingState
-from automap.trace import feedback_pairs, trace
+from automap.ir.program import Program
+from automap.trace import Traced, feedback_pairs, trace
+
+
+def trace_and_lower(
+    fn: Callable, args: Sequence[Any], *, static_argnums: Sequence[int] = (), strict: bool = False
+) -> tuple[Traced, Program]:
+    """Trace ``fn(*args)`` abstractly and lower it to a :class:`~automap.ir.program.Program`.
+
+    >>> import jax.numpy as jnp
+    >>> traced, program = trace_and_lower(lambda x: x * 2, (jnp.ones(4),))
+    >>> traced.in_paths, program.summary()
+    (('x',), 'Program: 1 inputs, 1 outputs, 1 ops (0 regions), 3 values, 1 primitives')
+    """
+    traced = trace(fn, args, static_argnums=static_argnums)
+    return traced, lower(traced.closed_jaxpr, traced.in_paths, traced.out_paths, strict=strict)
+
+
+def donated_inputs(
+    program: Program, traced: Traced, n_args: int, static_argnums: Sequence[int], donate_argnums: Sequence[int]
+) -> frozenset[int]:
+    """The input value ids of the arguments in ``donate_argnums`` (positions count static ones)."""
+    dynamic = [i for i in range(n_args) if i not in set(static_argnums)]
+    donated_args = {dynamic.index(i) for i in donate_argnums if i in dynamic}
+    return frozenset(v for v, a in zip(program.inputs, traced.leaf_arg, strict=True) if a in donated_args)
 
 
 def make_plan(
@@ -27,8 +51,7 @@ def make_plan(
     from automap.api import Plan
     from tactics import PlanContext, batch_over_all_axes, run_schedule
 
-    traced = trace(fn, args, static_argnums=static_argnums)
-    program = lower(traced.closed_jaxpr, traced.in_paths, traced.out_paths, strict=strict)
+    traced, program = trace_and_lower(fn, args, static_argnums=static_argnums, strict=strict)
     axes = {str(k): int(v) for k, v in mesh.shape.items()}
     pairs = feedback_pairs(traced)
     state_inputs = tuple(sorted({program.inputs[i] for i in pairs.values()}))
@@ -49,9 +72,7 @@ def make_plan(
         if vid not in inputs and state.spec(vid) != want:
             specs[vid] = want
     state = state.replace(specs=specs)
-    dynamic = [i for i in range(len(args)) if i not in set(static_argnums)]
-    donated_args = {dynamic.index(i) for i in donate_argnums if i in dynamic}
-    donated = frozenset(v for v, a in zip(program.inputs, traced.leaf_arg, strict=True) if a in donated_args)
+    donated = donated_inputs(program, traced, len(args), static_argnums, donate_argnums)
     return Plan(
         mesh, traced, program, state, emit.pinned_values(state, pins), tuple(out_specs), result.notes,
         result.reasons, topology, donated,

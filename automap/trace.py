@@ -97,29 +97,42 @@ def trace(fn: Callable, args: Sequence[Any], *, static_argnums: Sequence[int] = 
 
 
 def feedback_pairs(traced: Traced) -> dict[int, int]:
-    """Output leaf index -> input leaf index for outputs that return an argument's updated value
-    (same pytree structure, shapes and dtypes, e.g. ``state`` in, ``state`` out)."""
+    """Output leaf index -> input leaf index for outputs that return an argument's updated value.
+
+    A *state* argument has the same pytree structure, shapes and dtypes as (a part of) the
+    output. To avoid mistaking a shape-preserving function (``lambda x: x.T``) for an update,
+    a bare array is only paired when it comes back at its own position in a tuple of outputs
+    (``step(w, x) -> (w, loss)``); a container (dict, list, tuple, dataclass) is paired wherever
+    its structure comes back (``step(state, batch) -> (metrics, state)``).
+    """
     out = tree_util.tree_unflatten(traced.out_tree, list(range(len(traced.out_avals))))
     ins = tree_util.tree_unflatten(traced.in_tree, list(range(len(traced.in_avals))))
     pairs: dict[int, int] = {}
 
-    def match(part: Any) -> bool:
+    def same(part: Any, arg: Any) -> bool:
         out_leaves, out_def = tree_util.tree_flatten(part)
-        for arg in ins:
-            in_leaves, in_def = tree_util.tree_flatten(arg)
-            if in_def != out_def or not in_leaves:
-                continue
-            if all(
-                traced.out_avals[o].shape == traced.in_avals[i].shape
-                and traced.out_avals[o].dtype == traced.in_avals[i].dtype
-                for o, i in zip(out_leaves, in_leaves, strict=True)
-            ):
-                pairs.update(zip(out_leaves, in_leaves, strict=True))
-                return True
-        return False
+        in_leaves, in_def = tree_util.tree_flatten(arg)
+        if in_def != out_def or not in_leaves:
+            return False
+        return all(
+            traced.out_avals[o].shape == traced.in_avals[i].shape
+            and traced.out_avals[o].dtype == traced.in_avals[i].dtype
+            for o, i in zip(out_leaves, in_leaves, strict=True)
+        )
 
-    # the whole output first (``state -> state`` with a tuple/list state), else each part
-    if not match(out) and isinstance(out, (tuple, list)):
-        for part in out:
-            match(part)
+    def pair(part: Any, arg: Any) -> None:
+        pairs.update(zip(tree_util.tree_leaves(part), tree_util.tree_leaves(arg), strict=True))
+
+    multi = [arg for arg in ins if not tree_util.treedef_is_leaf(tree_util.tree_structure(arg))]
+    # the whole output first (``state -> state`` with a pytree state), else each part
+    whole = next((arg for arg in multi if same(out, arg)), None)
+    if whole is not None:
+        pair(out, whole)
+    elif isinstance(out, (tuple, list)):
+        for pos, part in enumerate(out):
+            arg = next((a for a in multi if same(part, a)), None)
+            if arg is None and pos < len(ins) and same(part, ins[pos]):
+                arg = ins[pos]
+            if arg is not None:
+                pair(part, arg)
     return pairs

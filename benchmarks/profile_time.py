@@ -59,8 +59,9 @@ def main() -> None:
     gc.enable()
     print(prof.table(top=a.top))
     print()
-    print(f"automap.profile     {t_profile:7.3f} s  (median of {a.repeats}: "
-          + ", ".join(f"{t:.3f}" for t in times) + f"), of which jax tracing {t_trace:.3f} s (GC paused, as in the profile)")
+    runs = ", ".join(f"{t:.3f}" for t in times)
+    print(f"automap.profile     {t_profile:7.3f} s  (median of {a.repeats}: {runs}), of which jax tracing "
+          f"{t_trace:.3f} s (GC paused, as in the profile)")
     if a.no_compile:
         return
 

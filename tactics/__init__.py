@@ -7,10 +7,12 @@
 from tactics.base import PlanContext, Schedule, Tactic, TacticResult, run_schedule, schedule
 from tactics.batch import batch_over_all_axes
 from tactics.data_parallel import data_parallel
+from tactics.fsdp import StateRoles, Zero, fsdp, state_roles, zero
+from tactics.logical import logical
 from tactics.manual import manual
 from tactics.megatron import megatron
 
 __all__ = [
-    "PlanContext", "Schedule", "Tactic", "TacticResult", "batch_over_all_axes", "data_parallel", "manual",
-    "megatron", "run_schedule", "schedule",
+    "PlanContext", "Schedule", "Tactic", "TacticResult", "batch_over_all_axes", "data_parallel", "fsdp", "logical", "manual",
+    "megatron", "run_schedule", "schedule", "state_roles", "StateRoles", "Zero", "zero",
 ]

@@ -68,7 +68,14 @@ class DataParallel:
                                         "blocked or meets a weight); nothing done",))
         actions, notes, reasons = [], [], {}
         program = ctx.program
+        for vid in ctx.data_inputs:
+            if vid not in dims and program.values[vid].ndim:
+                notes.append(f"{tag}: {program.values[vid].name} has no batch dim (every dim is contracted, "
+                             "blocked or meets a weight); left whole")
         for vid, d in dims.items():
+            if vid in state.frozen:  # pinned by an earlier tactic (manual rules): it decided first
+                notes.append(f"{tag} skips {program.values[vid].name}: pinned by an earlier tactic")
+                continue
             action = Action(vid, d, self.axis)
             try:
                 state.check_action(action)

@@ -112,6 +112,9 @@ class Megatron:
         candidates, why_not = find_candidates(program, ctx.state_inputs)
         actions, notes = [], []
         for c in candidates:
+            if c.weight in state.frozen:  # pinned by an earlier tactic (manual rules): it decided first
+                notes.append(f"megatron({self.axis!r}) skips {c.kind} {_label(program, c.op)}: pinned by an earlier tactic")
+                continue
             action = Action(c.weight, c.dim, self.axis)
             try:
                 state.check_action(action)
@@ -125,6 +128,8 @@ class Megatron:
             else:
                 notes.append(f"megatron({self.axis!r}): vocab-parallel {c.kind} {_label(program, c.op)}")
         if not actions:
+            if candidates:
+                return TacticResult(state, tuple(notes) + (f"megatron({self.axis!r}): every candidate skipped; nothing done",))
             reason = "; ".join(why_not[:3]) or "no contraction with a weight"
             return TacticResult(state, tuple(notes) + (f"megatron({self.axis!r}): no matmul chain found ({reason})",))
         state = apply(state, actions, label=f"megatron({self.axis!r})")

@@ -12,6 +12,7 @@ Every constructor returns a `Workload` with a pure ``train_step(state, batch) ->
 """
 
 from automap.zoo import experts
+from automap.zoo.branches import BranchesConfig, branches
 from automap.zoo.gpt_linen import gpt_linen
 from automap.zoo.gpt_nnx import gpt_nnx
 from automap.zoo.mlp import MLPConfig, mlp
@@ -19,9 +20,11 @@ from automap.zoo.train import make_optimizer, make_train_step
 from automap.zoo.workload import GPTConfig, Workload
 
 __all__ = [
+    "BranchesConfig",
     "GPTConfig",
     "MLPConfig",
     "Workload",
+    "branches",
     "experts",
     "gpt_linen",
     "gpt_nnx",

@@ -1,0 +1,280 @@
+"""``fsdp(axis)`` and ``zero(stage, axis)``: shard the training state over the data-parallel axis.
+
+The roles of the state are read off the program's structure, never off names:
+
+- *parameters* are the state inputs read by forward-phase ops (directly, or through the region
+  input a ``scan``/``cond``/``while`` maps them to);
+- *optimizer state* is every other state input (read only by optimizer-phase ops);
+- *gradients* are the backward-phase values read by optimizer-phase ops.
+
+A leaf is split along its largest dim that the axis size divides and that is *free*: not tiled
+yet (e.g. by an earlier ``megatron``) and not a stacked layers dim (one that a user's factor rule
+blocks, as the ``scan`` link does for the stacked dim of its xs). The optimizer's elementwise ops
+tie each optimizer-state leaf's dims to its parameter's (the *optimizer classes* below), so a
+moment takes its parameter's dim, and a stacked dim of a parameter is also kept whole in its
+moments.
+
+Every stage splits the batch on the axis first (``data_parallel``, unless the batch is split on
+it already) so that the state's layout is a later decision: where a parameter's layout and the
+batch disagree at a matmul, the batch wins and the parameter is gathered (FSDP), instead of the
+activations being resharded.
+
+===========  ==============  ===============  =========================
+stage        parameters      gradients        optimizer state
+===========  ==============  ===============  =========================
+``zero(1)``  replicated      all-reduced      sharded
+``zero(2)``  replicated      reduce-scattered sharded
+``zero(3)``  sharded         reduce-scattered sharded (= ``fsdp``)
+===========  ==============  ===============  =========================
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from automap.ir.program import Op, Program
+from automap.propagate import apply
+from automap.shardings import Action, ShardingError, ShardingState
+from tactics.base import PlanContext, TacticResult
+from tactics.data_parallel import DataParallel
+from tactics.flow import consumers
+
+Stage = Literal[1, 2, 3]
+Dim = tuple[int, int]  # (value id, dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateRoles:
+    """Value ids of the parameters, the optimizer state and the gradients, in program order."""
+
+    params: tuple[int, ...]
+    opt_state: tuple[int, ...]
+    grads: tuple[int, ...]
+
+
+def _region_links(op: Op) -> list[tuple[int, int]]:
+    """(outer operand, region input) pairs of a control-flow op (see ``automap.ir.lower``)."""
+    if op.primitive == "scan":
+        return list(zip(op.inputs, op.regions[0].inputs, strict=True))
+    if op.primitive == "cond":
+        return [(o, r.inputs[i]) for r in op.regions for i, o in enumerate(op.inputs[1:])]
+    if op.primitive == "while":
+        cond, body = op.regions
+        cn, bn = op.params["cond_nconsts"], op.params["body_nconsts"]
+        carries = op.inputs[cn + bn:]
+        pairs = list(zip(op.inputs[:cn], cond.inputs[:cn], strict=True))
+        pairs += list(zip(op.inputs[cn:cn + bn], body.inputs[:bn], strict=True))
+        pairs += list(zip(carries, cond.inputs[cn:], strict=True)) + list(zip(carries, body.inputs[bn:], strict=True))
+        return pairs
+    return []
+
+
+def state_roles(ctx: PlanContext) -> StateRoles:
+    """Split the state inputs into parameters and optimizer state, and find the gradients.
+
+    >>> import jax, jax.numpy as jnp, automap
+    >>> def step(state, x):
+    ...     w, m = state
+    ...     loss, g = jax.value_and_grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    ...     m = 0.9 * m + g
+    ...     return (w - 0.1 * m, m), loss
+    >>> plan = automap.partition(step, mesh=automap.make_mesh({"data": 2})).plan(
+    ...     (jnp.ones((4, 8)), jnp.ones((4, 8))), jnp.ones((2, 4)))
+    >>> w, m, x = plan.program.inputs
+    >>> roles = state_roles(PlanContext(plan.program, {"data": 2}, (x,), (w, m)))
+    >>> roles.params == (w,), roles.opt_state == (m,), len(roles.grads)
+    (True, True, 1)
+    """
+    program = ctx.program
+    users = consumers(program)
+    links = {op.id: _region_links(op) for op in program.all_ops if op.regions}
+
+    def forward_read(vid: int, seen: set[int]) -> bool:
+        if vid in seen:
+            return False
+        seen.add(vid)
+        for op, _ in users.get(vid, ()):
+            if not op.regions:
+                if op.phase == "forward":
+                    return True
+                continue
+            if any(forward_read(r, seen) for o, r in links[op.id] if o == vid):
+                return True
+        return False
+
+    params = tuple(v for v in ctx.state_inputs if forward_read(v, set()))
+    opt_state = tuple(v for v in ctx.state_inputs if v not in set(params))
+    grads = tuple(dict.fromkeys(
+        v for op in program.all_ops if op.phase == "optimizer" and not op.regions
+        for v in op.linked_inputs if program.values[v].phase == "backward"
+    ))
+    return StateRoles(params, opt_state, grads)
+
+
+def _optimizer_classes(program: Program) -> dict[Dim, Dim]:
+    """(value, dim) -> a representative: dims that share a factor in an optimizer-phase op (a
+    moment's dim and its parameter's dim, through the update's elementwise ops) are one class."""
+    parent: dict[Dim, Dim] = {}
+
+    def find(k: Dim) -> Dim:
+        parent.setdefault(k, k)
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for op in program.all_ops:
+        if op.phase != "optimizer" or op.regions:
+            continue
+        by_factor: dict[int, Dim] = {}
+        rule = op.rule
+        for vid, dims in zip(op.linked_inputs + op.linked_outputs, rule.operands + rule.results, strict=True):
+            for d, fs in enumerate(dims):
+                if fs:
+                    first = by_factor.setdefault(fs[0], (vid, d))
+                    parent[find((vid, d))] = find(first)
+    return {k: find(k) for k in list(parent)}
+
+
+def _blocked(program: Program, values: tuple[int, ...], classes: dict[Dim, Dim]) -> set[Dim]:
+    """Dims of ``values`` a user's rule keeps whole (a stacked layers dim), spread over classes."""
+    users = consumers(program)
+    hit: set[Dim] = set()
+    for vid in values:
+        for op, pos in users.get(vid, ()):
+            for d, fs in enumerate(op.rule.operands[pos]):
+                if not fs or op.rule.factors[fs[0]].kind == "blocked":
+                    hit.add((vid, d))
+    roots = {classes.get(k, k) for k in hit}
+    return hit | {k for k, r in classes.items() if r in roots}
+
+
+def _largest_free_dim(state: ShardingState, vid: int, axis: str, blocked: set[Dim]) -> int | None:
+    value = state.program.values[vid]
+    spec = state.spec(vid)
+    size = state.axes[axis]
+    free = [d for d in range(value.ndim) if not spec[d] and (vid, d) not in blocked and value.shape[d] % size == 0]
+    return max(free, key=lambda d: (value.shape[d], -d)) if free else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Zero:
+    """ZeRO stage ``stage`` on mesh axis ``axis`` (build with :func:`zero` or :func:`fsdp`)."""
+
+    stage: Stage
+    axis: str
+    name: str = "zero"
+
+    @property
+    def tag(self) -> str:
+        return f"fsdp({self.axis!r})" if self.name == "fsdp" else f"zero({self.stage}, {self.axis!r})"
+
+    def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
+        tag, axis = self.tag, self.axis
+        if axis not in ctx.axes:
+            return TacticResult(state, (f"{tag}: not a mesh axis {tuple(ctx.axes)}; nothing done",))
+        program = ctx.program
+        roles = state_roles(ctx)
+        notes: list[str] = []
+        reasons: dict[int, str] = {}
+        before = state
+        if not any(axis in a for v in ctx.data_inputs for a in state.spec(v)):
+            dp = DataParallel(axis)(ctx, state)
+            state, notes = dp.state, list(dp.notes)
+            reasons.update(dp.reasons)
+        classes = _optimizer_classes(program)
+        blocked = _blocked(program, ctx.state_inputs, classes)
+        # the dim each parameter takes (also in stages 1 and 2, where only its moments use it)
+        chosen: dict[Dim, int] = {}
+        picks: dict[int, int] = {}
+        for vid in roles.params:
+            d = _largest_free_dim(state, vid, axis, blocked)
+            if d is not None:
+                picks[vid] = d
+                chosen.setdefault(classes.get((vid, d), (vid, d)), vid)
+        for vid in roles.opt_state:
+            d = self._opt_dim(state, vid, blocked, classes, chosen)
+            if d is not None:
+                picks[vid] = d
+        targets = roles.opt_state + (roles.params if self.stage == 3 else ())
+        actions, small, already = [], 0, 0
+        for vid in targets:
+            if any(axis in a for a in state.spec(vid)):
+                already += 1
+                continue
+            if vid not in picks:
+                small += 1
+                continue
+            action = Action(vid, picks[vid], axis)
+            try:
+                state.check_action(action)
+            except ShardingError as e:  # defensive: the pick only takes free, divisible dims
+                notes.append(f"{tag} skips {program.values[vid].name}: {e}")
+                continue
+            actions.append(action)
+            reasons[vid] = f"{tag}: dim {action.dim} of {program.values[vid].ndim}"
+        if not actions:
+            why = "already sharded on the axis" if already else f"no free dim divisible by {ctx.axes[axis]}"
+            return TacticResult(before, (f"{tag}: no state leaf to shard ({why}); nothing done",))
+        freeze: tuple[int, ...] = ()
+        if self.stage < 3:
+            freeze = roles.params + (roles.grads if self.stage == 1 else ())
+        state = apply(state, actions, freeze=freeze, label=tag)
+        n_params = sum(a.value in set(roles.params) for a in actions)
+        notes.append(f"{tag}: {n_params} parameters and {len(actions) - n_params} optimizer-state leaves "
+                     f"sharded on {axis!r}" + ("" if self.stage == 3 else "; parameters replicated")
+                     + ("; gradients all-reduced" if self.stage == 1 else ""))
+        if small:
+            notes.append(f"{tag}: {small} small leaves replicated (no free dim divisible by {ctx.axes[axis]})")
+        return TacticResult(state, tuple(notes), reasons=reasons)
+
+    def _opt_dim(self, state, vid, blocked, classes, chosen) -> int | None:
+        """A moment takes the dim its parameter takes (same class), else its own largest."""
+        value = state.program.values[vid]
+        size = state.axes[self.axis]
+        spec = state.spec(vid)
+        for d in range(value.ndim):
+            if classes.get((vid, d), (vid, d)) in chosen and not spec[d] and value.shape[d] % size == 0:
+                return d
+        return _largest_free_dim(state, vid, self.axis, blocked)
+
+
+def zero(stage: Stage, axis: str = "data") -> Zero:
+    """ZeRO on mesh axis ``axis`` with data parallelism on the same axis: stage 1 shards the
+    optimizer state, stage 2 also the gradients (reduce-scattered), stage 3 also the parameters
+    (gathered where the forward and backward passes use them). See the module docstring.
+
+    >>> import jax, jax.numpy as jnp, automap
+    >>> def step(state, x):
+    ...     w, m = state
+    ...     loss, g = jax.value_and_grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    ...     m = 0.9 * m + g
+    ...     return (w - 0.1 * m, m), loss
+    >>> mesh = automap.make_mesh({"data": 2})
+    >>> args = (jnp.ones((4, 8)), jnp.ones((4, 8))), jnp.ones((2, 4))
+    >>> plan = automap.partition(step, mesh=mesh, tactics=[zero(1)]).plan(*args)
+    >>> [plan.state.spec(v) for v in plan.program.inputs]  # w replicated, m sharded, batch split
+    [((), ()), ((), ('data',)), (('data',), ())]
+    """
+    if stage not in (1, 2, 3):
+        raise ValueError(f"zero stage must be 1, 2 or 3, got {stage!r}")
+    return Zero(stage, axis)
+
+
+def fsdp(axis: str = "data") -> Zero:
+    """Fully sharded data parallelism (ZeRO-3) on mesh axis ``axis``: every parameter and
+    optimizer-state leaf split along its largest free dim the axis divides, the batch split on
+    the same axis, activations kept batch-sharded (the weights are gathered where they are used).
+
+    >>> import jax, jax.numpy as jnp, automap
+    >>> def step(w, x):
+    ...     loss, g = jax.value_and_grad(lambda w: jnp.tanh(x @ w).sum())(w)
+    ...     return w - 0.1 * g, loss
+    >>> mesh = automap.make_mesh({"data": 2})
+    >>> plan = automap.partition(step, mesh=mesh, tactics=[fsdp("data")]).plan(jnp.ones((4, 8)), jnp.ones((2, 4)))
+    >>> [plan.state.spec(v) for v in plan.program.inputs]
+    [((), ('data',)), (('data',), ())]
+    >>> plan.reasons[plan.program.inputs[0]]
+    "fsdp('data'): dim 1 of 2"
+    """
+    return Zero(3, axis, name="fsdp")
