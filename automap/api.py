@@ -125,7 +125,7 @@ class Plan:
         >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
         >>> automap.partition(jnp.tanh, mesh=mesh).plan(jnp.ones((8, 4))).save(path)
         >>> Plan.load(path, mesh, jnp.tanh, (jnp.ones((8, 4)),)).in_shardings[0].spec
-        PartitionSpec('data',)
+        P('data',)
         """
         from automap.plan_io import StoredPlan
 

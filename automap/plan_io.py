@@ -27,7 +27,7 @@ and the mesh are checked, and the stored specs are set as they are.
 ('automap-plan', {'axis_names': ['data'], 'axis_sizes': [2]}, [['data'], []])
 >>> g = automap.partition(lambda x: jnp.tanh(x) * 2, mesh=mesh, plan=path)
 >>> g.plan(jnp.ones((8, 4))).in_shardings[0].spec
-PartitionSpec('data',)
+P('data',)
 """
 from __future__ import annotations
 

@@ -40,6 +40,19 @@ class _Lowering:
         self.n_regions = 0
         self.remat_calls: dict[int, RematCall] = {}
         self.seen_backward = False
+        self.rules: dict[Any, tuple[FactorRule, bool]] = {}
+
+    def rule(self, ctx: RuleContext, params: dict) -> tuple[FactorRule, bool]:
+        """The factor rule, memoised on (primitive, shapes, params): repeated layers share it."""
+        try:
+            key = (ctx.primitive, ctx.operands, ctx.results, tuple(sorted(params.items())))
+            hash(key)
+        except TypeError:
+            return registry.rule_for(ctx, params, strict=self.strict)
+        got = self.rules.get(key)
+        if got is None:
+            got = self.rules[key] = registry.rule_for(ctx, params, strict=self.strict)
+        return got
 
     # -- values -------------------------------------------------------------------------------
     def new_value(self, aval: Any, name: str, kind: str, phase: Phase, region: int, literal: Any = None) -> int:
@@ -53,7 +66,7 @@ class _Lowering:
 
     def read(self, env: dict, atom: Any, region: int) -> int:
         if _compat.is_literal(atom):
-            return self.new_value(atom.aval, f"literal {atom.val!r}", "literal", "forward", region, atom.val)
+            return self.new_value(atom.aval, "literal", "literal", "forward", region, atom.val)
         return env[atom]
 
     # -- jaxprs -------------------------------------------------------------------------------
@@ -115,7 +128,7 @@ class _Lowering:
                 tuple(Shaped(self.values[i].shape, self.values[i].dtype) for i in out_ids),
                 source,
             )
-            rule, ok = registry.rule_for(ctx, eqn.params, strict=self.strict)
+            rule, ok = self.rule(ctx, eqn.params)
             linked_in, linked_out = tuple(in_ids), tuple(out_ids)
         ops.append(
             Op(
