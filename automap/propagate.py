@@ -223,51 +223,113 @@ def _diff(actual: Spec, wanted: Spec) -> tuple[Axes, Axes]:
 
 def execution_factors(op: Op, state: ShardingState) -> dict[int, Axes]:
     """How the op runs: its factor -> axes, agreed by its operands and results (earliest decision
-    wins). Operands and results that disagree with it are resharded before or after."""
-    return solve_factors(op, state, state.specs, state.priority)[0]
+    wins). Operands and results that disagree with it are resharded before or after. A factor
+    whose tiling no result can express (the minor factor of a merged dim) is not run sharded."""
+    return _analysis(op, state)[0]
+
+
+_CACHE: dict[tuple, tuple] = {}
+
+
+def _analysis(op: Op, state: ShardingState) -> tuple[dict[int, Axes], tuple]:
+    """(factor axes, reshard templates) of one op, memoised on the op's rule and the specs and
+    priorities of its linked values: identical layers and revisited states hit the cache."""
+    specs, prio = state.specs, state.priority
+    linked = op.linked_inputs + op.linked_outputs
+    spec_key = tuple(specs.get(v) for v in linked)
+    prio_key = tuple(
+        prio.get((v, d)) for v, sp in zip(linked, spec_key) if sp is not None for d, ax in enumerate(sp) if ax
+    )
+    key = (id(op.rule), spec_key, prio_key, tuple(state.axes.items()))
+    got = _CACHE.get(key)
+    if got is None or got[2] is not op.rule:
+        if len(_CACHE) > 200_000:
+            _CACHE.clear()
+        fax = _expressible(op, solve_factors(op, state, specs, prio)[0], state.axes)
+        got = _CACHE[key] = (fax, _templates(op, state, fax), op.rule)
+    return got[0], got[1]
+
+
+def _expressible(op: Op, fax: dict[int, Axes], sizes: dict[str, int]) -> dict[int, Axes]:
+    rule = op.rule
+    out = dict(fax)
+    for dims in rule.results:
+        for fs in dims:
+            if len(fs) < 2:
+                continue
+            shown = compose_dim(fs, out, rule, sizes)
+            for f in fs:
+                if f in out and not set(out[f]) <= set(shown):
+                    del out[f]
+    return out
+
+
+def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
+    """The op's reshards as (linked position, kind, axes, bytes, where)."""
+    program, sizes, rule = state.program, state.axes, op.rule
+    out = []
+    n_in = len(op.linked_inputs)
+    for pos, (vid, dims) in enumerate(zip(op.linked_inputs, rule.operands, strict=True)):
+        if not dims:
+            continue
+        actual = state.spec(vid)
+        wanted = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
+        gather, move = _diff(actual, wanted)
+        nbytes = program.values[vid].nbytes
+        if gather:
+            after = tuple(tuple(a for a in axes if a not in gather) for axes in actual)
+            out.append((pos, "all-gather", gather, _per_device(nbytes, after, sizes), "operand"))
+        if move:
+            out.append((pos, "all-to-all", move, _per_device(nbytes, actual, sizes), "operand"))
+    partial = tuple(a for f in rule.reduction_factors for a in fax.get(f, ()))
+    for pos, (vid, dims) in enumerate(zip(op.linked_outputs, rule.results, strict=True)):
+        if not dims and not partial:
+            continue
+        actual = state.spec(vid)
+        implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
+        nbytes = program.values[vid].nbytes
+        in_actual = {a for axes in actual for a in axes}
+        scatter = tuple(a for a in partial if a in in_actual and not any(a in i for i in implied))
+        reduce = tuple(a for a in partial if a not in scatter)
+        here = n_in + pos
+        if scatter:
+            out.append((here, "reduce-scatter", scatter, _per_device(nbytes, implied, sizes), "result"))
+        if reduce:
+            out.append((here, "all-reduce", reduce, _per_device(nbytes, implied, sizes), "result"))
+        gather, move = _diff(implied, actual)
+        if gather:
+            out.append((here, "all-gather", gather, _per_device(nbytes, actual, sizes), "result"))
+        if move:
+            out.append((here, "all-to-all", move, _per_device(nbytes, implied, sizes), "result"))
+    return tuple(out)
 
 
 def reshards(state: ShardingState) -> list[Reshard]:
-    """Every collective the assignment implies, op by op (the cost model prices these)."""
-    program, sizes = state.program, state.axes
+    """Every collective the assignment implies, op by op (the cost model prices these). A gather
+    of the same value over the same axes in the same region is marked ``reused`` after its first
+    occurrence: XLA computes it once (CSE)."""
+    return analyse(state)[1]
+
+
+def analyse(state: ShardingState) -> tuple[list[tuple[Op, int, dict[int, Axes]]], list[Reshard]]:
+    """Every op with its trip multiplier and execution factors, and every reshard, in one pass."""
+    program = state.program
+    ops: list[tuple[Op, int, dict[int, Axes]]] = []
     out: list[Reshard] = []
     gathered: set[tuple] = set()
     for op, mult in program.walk():
+        fax, templates = _analysis(op, state)
+        ops.append((op, mult, fax))
+        if not templates:
+            continue
         region = program.values[op.outputs[0]].region if op.outputs else 0
-        rule = op.rule
-        fax = execution_factors(op, state)
-        for vid, dims in zip(op.linked_inputs, rule.operands, strict=True):
-            if not dims:
-                continue
-            actual = state.spec(vid)
-            wanted = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
-            gather, move = _diff(actual, wanted)
-            nbytes = program.values[vid].nbytes
-            if gather:
-                after = tuple(tuple(a for a in axes if a not in gather) for axes in actual)
-                key = (vid, gather, region)
-                out.append(Reshard(op.id, vid, "all-gather", gather, _per_device(nbytes, after, sizes), mult, "operand",
-                                   reused=key in gathered))
+        linked = op.linked_inputs + op.linked_outputs
+        for pos, kind, axes, nbytes, where in templates:
+            vid = linked[pos]
+            reused = False
+            if kind == "all-gather" and where == "operand":
+                key = (vid, axes, region)
+                reused = key in gathered
                 gathered.add(key)
-            if move:
-                out.append(Reshard(op.id, vid, "all-to-all", move, _per_device(nbytes, actual, sizes), mult, "operand"))
-        partial = tuple(a for f in rule.reduction_factors for a in fax.get(f, ()))
-        for vid, dims in zip(op.linked_outputs, rule.results, strict=True):
-            if not dims and not partial:
-                continue
-            actual = state.spec(vid)
-            implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
-            nbytes = program.values[vid].nbytes
-            in_actual = {a for axes in actual for a in axes}
-            scatter = tuple(a for a in partial if a in in_actual and not any(a in i for i in implied))
-            reduce = tuple(a for a in partial if a not in scatter)
-            if scatter:
-                out.append(Reshard(op.id, vid, "reduce-scatter", scatter, _per_device(nbytes, implied, sizes), mult, "result"))
-            if reduce:
-                out.append(Reshard(op.id, vid, "all-reduce", reduce, _per_device(nbytes, implied, sizes), mult, "result"))
-            gather, move = _diff(implied, actual)
-            if gather:
-                out.append(Reshard(op.id, vid, "all-gather", gather, _per_device(nbytes, actual, sizes), mult, "result"))
-            if move:
-                out.append(Reshard(op.id, vid, "all-to-all", move, _per_device(nbytes, implied, sizes), mult, "result"))
-    return out
+            out.append(Reshard(op.id, vid, kind, axes, nbytes, mult, where, reused))  # type: ignore[arg-type]
+    return ops, out

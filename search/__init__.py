@@ -1,3 +1,12 @@
-"""Search over the sharding decisions tactics leave open (MCTS, exact ILP, greedy): coming next."""
+"""Search over the sharding decisions tactics leave open: MCTS, an exact solver, greedy.
 
-__all__: list[str] = []
+>>> import search
+>>> sorted(search.__all__)[:3]
+['Greedy', 'GroupAction', 'MCTS']
+"""
+from search.base import SearchResult, SearchStats, Searcher
+from search.greedy import Greedy
+from search.mcts import MCTS
+from search.space import GroupAction, Score, SearchSpace
+
+__all__ = ["Greedy", "GroupAction", "MCTS", "Score", "SearchResult", "SearchSpace", "SearchStats", "Searcher"]

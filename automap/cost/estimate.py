@@ -10,7 +10,7 @@ from automap.cost.collectives import collective_time
 from automap.cost.flops import dot_flops, op_bytes, op_flops
 from automap.cost.memory import MemoryEstimate, estimate_memory
 from automap.cost.topology import Topology
-from automap.propagate import execution_factors, reshards
+from automap.propagate import analyse
 from automap.shardings import ShardingState
 
 
@@ -99,20 +99,26 @@ def estimate(state: ShardingState, topology: Topology | None = None, *, donated:
     topology = topology or Topology.preset("cpu-sim")
     program, axes = state.program, state.axes
     device = topology.device
+    static = program.memo.get("op_costs")
+    if static is None:  # flops, bytes and dot flops of every op, from shapes alone
+        static = program.memo["op_costs"] = {
+            op.id: (op_flops(program, op), op_bytes(program, op), dot_flops(program, op)) for op in program.all_ops
+        }
     flops = dots = traffic = compute = 0.0
-    for op, mult in program.walk():
-        fax = execution_factors(op, state)
+    op_list, all_reshards = analyse(state)
+    for op, mult, fax in op_list:
+        f, b, d = static[op.id]
+        if not (f or b):
+            continue
         split = math.prod(axes[a] for ax in fax.values() for a in ax)
-        f = op_flops(program, op) / split * mult
-        b = op_bytes(program, op) / split * mult
+        f, b = f / split * mult, b / split * mult
         flops += f
-        if _is_real_dot(program, op, fax, axes):
-            dots += dot_flops(program, op) / split * mult
+        if d and _is_real_dot(program, op, fax, axes):
+            dots += d / split * mult
         traffic += b
         compute += max(f / device.peak_flops, b / device.memory_bandwidth)
-    ops = {op.id: op for op in program.all_ops}
+    ops = {op.id: op for op, _, _ in op_list}
     collectives = []
-    all_reshards = reshards(state)
     for r in all_reshards:
         if r.reused:
             continue

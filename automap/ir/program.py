@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Iterator, Literal, Mapping
 
 import numpy as np
@@ -39,9 +40,9 @@ class Value:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+        return math.prod(self.shape) * self.itemsize
 
     def __repr__(self) -> str:
         dims = ",".join(map(str, self.shape))
@@ -103,6 +104,7 @@ class Program:
     input_paths: tuple[str, ...]
     output_paths: tuple[str, ...]
     remat_calls: Mapping[int, RematCall] = dataclasses.field(default_factory=dict)
+    memo: dict = dataclasses.field(default_factory=dict, repr=False)  # derived data, e.g. per-op costs
 
     def value(self, vid: int) -> Value:
         return self.values[vid]

@@ -1,0 +1,44 @@
+"""The searcher protocol and its result."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from automap.shardings import ShardingState
+from search.space import GroupAction, Score, SearchSpace
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchStats:
+    episodes: int
+    states_evaluated: int
+    wall_time_s: float
+    eval_time_s: float
+    curve: tuple[float, ...] = ()  # best reward after each episode (convergence)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SearchResult:
+    """The best state found, its score, the actions that lead to it from the root, statistics."""
+
+    state: ShardingState
+    score: Score
+    actions: tuple[GroupAction, ...]
+    stats: SearchStats
+    searcher: str
+
+    def describe(self, space: SearchSpace) -> list[str]:
+        return [f"{space.group_name(a.group)} dim {a.dim} on {a.axis!r}" for a in self.actions]
+
+
+class Searcher(Protocol):
+    name: str
+
+    def search(self, space: SearchSpace) -> SearchResult: ...
+
+
+def better(a: Score, b: Score | None) -> bool:
+    """Feasible beats infeasible; then the higher reward."""
+    if b is None:
+        return True
+    return (a.feasible, a.reward) > (b.feasible, b.reward)

@@ -1,0 +1,164 @@
+"""Monte Carlo tree search over sharding actions (UCT), in the style of mctx: the phases are
+separate functions (select, expand, simulate, backup) and the strategies are injected.
+
+A node holds a sharding state; its children are the states after one more group action. The
+value of an episode is the best reward met on its path (a plan may stop at any node), so a
+node's mean value estimates how good the plans below it are. Scores are cached per state (a
+transposition table), so states reached along different action orders are evaluated once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+from automap.shardings import ShardingState
+from search.base import SearchResult, SearchStats, better
+from search.space import GroupAction, Score, SearchSpace
+
+
+@dataclasses.dataclass(eq=False)
+class Node:
+    state: ShardingState
+    actions: tuple[GroupAction, ...]
+    untried: list[GroupAction]
+    children: dict[GroupAction, "Node"] = dataclasses.field(default_factory=dict)
+    visits: int = 0
+    value: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return self.value / self.visits if self.visits else 0.0
+
+
+SelectFn = Callable[[Node, float], "Node"]
+RolloutFn = Callable[[SearchSpace, ShardingState, np.random.Generator, int], tuple[ShardingState, Score]]
+
+
+def uct_select(node: Node, exploration: float) -> Node:
+    """The child maximising mean value + exploration * sqrt(ln N / n) (ties: first in order)."""
+    log_n = math.log(max(node.visits, 1))
+    return max(
+        node.children.values(),
+        key=lambda c: c.mean + exploration * math.sqrt(log_n / max(c.visits, 1)),
+    )
+
+
+def random_rollout(space: SearchSpace, state: ShardingState, rng: np.random.Generator, depth: int):
+    """Apply up to ``depth`` random legal actions; the best score met on the way."""
+    best_state, best = state, space.score(state)
+    for _ in range(depth):
+        legal = space.legal(state)
+        if not legal:
+            break
+        state = space.apply(state, legal[int(rng.integers(len(legal)))])
+        got = space.score(state)
+        if better(got, best):
+            best_state, best = state, got
+    return best_state, best
+
+
+def select(root: Node, exploration: float, select_fn: SelectFn) -> list[Node]:
+    path = [root]
+    node = root
+    while not node.untried and node.children:
+        node = select_fn(node, exploration)
+        path.append(node)
+    return path
+
+
+def expand(space: SearchSpace, node: Node, rng: np.random.Generator) -> Node:
+    if not node.untried:
+        return node
+    action = node.untried.pop(int(rng.integers(len(node.untried))))
+    state = space.apply(node.state, action)
+    child = Node(state, node.actions + (action,), space.legal(state))
+    node.children[action] = child
+    return child
+
+
+def backup(path: list[Node], reward: float) -> None:
+    for node in path:
+        node.visits += 1
+        node.value += reward
+
+
+@dataclasses.dataclass(frozen=True)
+class MCTS:
+    """UCT search; deterministic for a seed.
+
+    >>> import search
+    >>> search.MCTS(episodes=8, seed=0).episodes
+    8
+    """
+
+    episodes: int = 48
+    seed: int = 0
+    time_budget_s: float | None = None
+    exploration: float = 0.5
+    rollout_depth: int = 2
+    select_fn: SelectFn = uct_select
+    rollout_fn: RolloutFn = random_rollout
+    progress: bool | None = None  # None: a bar on a terminal when the search runs over ~2 s
+    name: str = "mcts"
+
+    def search(self, space: SearchSpace) -> SearchResult:
+        rng = np.random.default_rng(self.seed)
+        t0 = time.perf_counter()
+        root = Node(space.root, (), space.legal(space.root))
+        best_state, best = space.root, space.score(space.root)
+        best_actions: tuple[GroupAction, ...] = ()
+        curve = []
+        bar = _progress(self.episodes, self.progress)
+        episodes = 0
+        for episodes in range(1, self.episodes + 1):
+            path = select(root, self.exploration, self.select_fn)
+            leaf = expand(space, path[-1], rng)
+            if leaf is not path[-1]:
+                path.append(leaf)
+            end_state, end = self.rollout_fn(space, leaf.state, rng, self.rollout_depth)
+            leaf_score = space.score(leaf.state)
+            if better(leaf_score, best):
+                best_state, best, best_actions = leaf.state, leaf_score, leaf.actions
+            if better(end, best):
+                best_state, best = end_state, end
+                best_actions = leaf.actions + _actions_between(space, leaf.state, end_state)
+            backup(path, max(end.reward, leaf_score.reward))
+            curve.append(best.reward)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(best=f"{best.reward:.3f}", refresh=False)
+            if self.time_budget_s is not None and time.perf_counter() - t0 > self.time_budget_s:
+                break
+            if not root.untried and not root.children:
+                break
+        if bar is not None:
+            bar.close()
+        stats = SearchStats(episodes, space.evaluations, time.perf_counter() - t0, space.eval_time_s, tuple(curve))
+        return SearchResult(best_state, best, best_actions, stats, self.name)
+
+
+def _actions_between(space: SearchSpace, start: ShardingState, end: ShardingState) -> tuple[GroupAction, ...]:
+    """The rollout's actions, recovered from the decision labels added after ``start``."""
+    out = []
+    for p in range(start.next_priority, end.next_priority):
+        label = end.labels.get(p, "")
+        for a in space.legal(start):
+            if label == f"search: {space.group_name(a.group)} dim {a.dim} on {a.axis!r}":
+                out.append(a)
+                break
+    return tuple(out)
+
+
+def _progress(total: int, enabled: bool | None):
+    if enabled is False or (enabled is None and not sys.stderr.isatty()):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, desc="automap search", delay=2.0, leave=False)

@@ -1,0 +1,139 @@
+"""The search space: folded decision groups, their legal actions, and the reward of a state.
+
+An action tiles one dim of every value of a decision group on one mesh axis (one decision for
+all identical layers), then propagates. The reward is the root's estimated step time over the
+state's (higher is better); a state over the per-device memory budget is infeasible and its
+reward is shaped by ``(budget / peak) ** 2`` so that the search can climb back under it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+from automap.cost import Estimate, Topology, estimate
+from automap.ir.fold import fold
+from automap.ir.program import Program
+from automap.propagate import apply
+from automap.shardings import Action, ShardingError, ShardingState
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class GroupAction:
+    """Tile ``dim`` of every value in decision group ``group`` on mesh axis ``axis``."""
+
+    group: int
+    dim: int
+    axis: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    reward: float
+    time_s: float
+    peak_bytes: int
+    feasible: bool
+    estimate: Estimate
+
+
+def decision_values(program: Program, state: ShardingState) -> list[int]:
+    """Inputs the search may tile: data inputs and parameters (state read by forward ops),
+    not frozen by a tactic, with at least one dim. Optimizer state follows its parameter."""
+    readers = program.users
+    out = []
+    for v in program.inputs:
+        value = program.values[v]
+        if v in state.frozen or value.ndim == 0:
+            continue
+        ops = readers.get(v, ())
+        if ops and not any(op.phase in ("forward",) for op in ops):
+            continue  # read by the optimizer only
+        out.append(v)
+    return list(dict.fromkeys(out))
+
+
+def _blocked_dims(program: Program, vid: int) -> set[int]:
+    """Dims of ``vid`` that some op keeps whole (the stacked layers dim of a scan, a sorted dim)."""
+    out = set()
+    for op in program.users.get(vid, ()):
+        rule = op.rule
+        for v, dims in zip(op.linked_inputs + op.linked_outputs, rule.operands + rule.results, strict=True):
+            if v != vid:
+                continue
+            for d, fs in enumerate(dims):
+                if fs and rule.factors[fs[0]].kind == "blocked":
+                    out.add(d)
+    return out
+
+
+class SearchSpace:
+    """Decision groups over a root state, with cached scoring (a transposition table)."""
+
+    def __init__(
+        self,
+        root: ShardingState,
+        *,
+        topology: Topology,
+        memory_budget: int | None = None,
+        groups: Sequence[tuple[int, ...]] | None = None,
+        donated: Sequence[int] = (),
+    ):
+        self.root = root
+        self.program = root.program
+        self.topology = topology
+        self.memory_budget = memory_budget
+        self.donated = tuple(donated)
+        values = decision_values(self.program, root)
+        self.groups = tuple(groups) if groups is not None else tuple(fold(self.program, values))
+        self.blocked = {v: _blocked_dims(self.program, v) for g in self.groups for v in g}
+        self.axes = tuple(a for a, n in root.axes.items() if n > 1)
+        self._scores: dict[frozenset, Score] = {}
+        self.evaluations = 0
+        self.eval_time_s = 0.0
+        self.base_time: float | None = None
+        self.base_time = self.score(root).time_s
+
+    def group_name(self, g: int) -> str:
+        names = [self.program.values[v].name for v in self.groups[g]]
+        return names[0] + (f" (+{len(names) - 1} alike)" if len(names) > 1 else "")
+
+    def legal(self, state: ShardingState) -> list[GroupAction]:
+        """Every action that changes the state and keeps every spec valid, in a fixed order."""
+        out = []
+        for g, members in enumerate(self.groups):
+            rep = self.program.values[members[0]]
+            for d in range(rep.ndim):
+                if any(d in self.blocked[v] for v in members):
+                    continue
+                for axis in self.axes:
+                    try:
+                        for v in members:
+                            state.check_action(Action(v, d, axis))
+                    except ShardingError:
+                        continue
+                    out.append(GroupAction(g, d, axis))
+        return out
+
+    def apply(self, state: ShardingState, action: GroupAction) -> ShardingState:
+        actions = [Action(v, action.dim, action.axis) for v in self.groups[action.group]]
+        label = f"search: {self.group_name(action.group)} dim {action.dim} on {action.axis!r}"
+        return apply(state, actions, label=label)
+
+    def _raw(self, state: ShardingState) -> Score:
+        t0 = time.perf_counter()
+        est = estimate(state, self.topology, donated=self.donated)
+        self.evaluations += 1
+        self.eval_time_s += time.perf_counter() - t0
+        peak = est.peak_memory_bytes
+        feasible = self.memory_budget is None or peak <= self.memory_budget
+        reward = (self.base_time / est.time_s) if self.base_time else 1.0
+        if not feasible:
+            reward *= (self.memory_budget / peak) ** 2
+        return Score(reward, est.time_s, peak, feasible, est)
+
+    def score(self, state: ShardingState) -> Score:
+        key = state.key()
+        got = self._scores.get(key)
+        if got is None:
+            got = self._scores[key] = self._raw(state)
+        return got
