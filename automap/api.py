@@ -134,6 +134,9 @@ class Plan:
             return stored
         if args is None:
             raise TypeError("Plan.load(path, mesh, fn) needs args too: pass args=(example arguments...)")
+        graph = GraphArgs.split(tuple(args), options.get("static_argnums", ()))
+        if graph is not None:  # nnx objects: the plan is of the pure function of their state
+            fn, args = graph.pure_fn(fn), graph.pure_args
         return stored.build(fn, tuple(args), **options)
 
     def check_args(self, args: Sequence[Any], static_argnums: Sequence[int] = ()) -> list[Any]:
@@ -274,7 +277,10 @@ class Partitioned:
             if self._stored is not None:  # a plan file: trace, check, set the stored specs
                 self._plans[key] = self._stored.build(fn, pure, **options)
             else:
-                self._plans[key] = make_plan(fn, pure, self.mesh, tactics=self.tactics, pins=self.pins, **options)
+                self._plans[key] = make_plan(
+                    fn, pure, self.mesh, tactics=self.tactics, pins=self.pins, search=self.search,
+                    memory_budget=self.memory_budget, **options,
+                )
         return graph, pure, self._plans[key]
 
     def _jitted(self, plan: Plan) -> Any:

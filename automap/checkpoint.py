@@ -35,6 +35,7 @@ from typing import Any, Mapping
 import jax
 from jax import tree_util
 
+from automap.api import Plan
 from automap.nnx_args import GraphArgs
 from automap.trace import path_str
 
@@ -96,12 +97,14 @@ def target_for(plan: Any, leaves: Mapping[str, Any], *, arg: int | str | None = 
             "pass arg=<name or index> to say which one it is"
         )
     target = found[0][1]
-    for p, t in _flat(target).items():
-        if _shape_dtype(t) != _shape_dtype(leaves[p]):
-            raise ValueError(
-                f"leaf '{p}' is {_fmt(leaves[p])} in the checkpoint but {_fmt(t)} in the plan; restore onto a plan made "
-                "for the same model sizes and dtypes"
-            )
+    bad = [f"'{p}' is {_fmt(leaves[p])} in the checkpoint, {_fmt(t)} in the plan"
+           for p, t in sorted(_flat(target).items()) if _shape_dtype(t) != _shape_dtype(leaves[p])]
+    if bad:
+        raise ValueError(
+            f"{len(bad)} leaves differ between the checkpoint and the plan's '{found[0][0]}': {'; '.join(bad[:4])}"
+            f"{f' (and {len(bad) - 4} more)' if len(bad) > 4 else ''}. Restore onto a plan made for the same model "
+            "sizes and dtypes"
+        )
     return target
 
 
@@ -141,9 +144,11 @@ def save(path: str | os.PathLike, state: Any, plan: Any = None, *, arg: int | st
     if plan is not None:
         target = _flat(target_for(plan, _flat(state), arg=arg))
         flat, tree = tree_util.tree_flatten_with_path(state)
-        placed = [x if isinstance(x, jax.Array) else jax.device_put(x, target[path_str("", p)].sharding) for p, x in flat]
+        placed = [x if isinstance(x, jax.Array) else jax.device_put(x, target[path_str("", p)].sharding)
+                  for p, x in flat]
         state = tree_util.tree_unflatten(tree, placed)
-        meta = {"automap": {"fingerprint": plan.fingerprint, "mesh": {str(a): int(n) for a, n in plan.mesh.shape.items()}}}
+        mesh = {str(a): int(n) for a, n in plan.mesh.shape.items()}
+        meta = {"automap": {"fingerprint": plan.fingerprint, "mesh": mesh}}
     import orbax.checkpoint as ocp
 
     _checkpointer().save(os.path.abspath(path), args=ocp.args.StandardSave(state), force=force, custom_metadata=meta)
@@ -172,11 +177,11 @@ def restore(path: str | os.PathLike, target: Any, *, arg: int | str | None = Non
     stored = _flat(stored_tree)
     if isinstance(target, jax.sharding.Sharding):
         abstract = tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=target), stored_tree)
-    elif hasattr(target, "traced") and hasattr(target, "in_shardings"):
+    elif isinstance(target, Plan):
         abstract = target_for(target, stored, arg=arg)
     else:
-        abstract = tree_util.tree_map_with_path(lambda p, s: _abstract(path_str("", p), s, stored), target,
-                                                is_leaf=lambda x: isinstance(x, (jax.sharding.Sharding, jax.ShapeDtypeStruct)))
+        is_leaf = lambda x: isinstance(x, (jax.sharding.Sharding, jax.ShapeDtypeStruct))  # noqa: E731
+        abstract = tree_util.tree_map_with_path(lambda p, s: _abstract(path_str("", p), s, stored), target, is_leaf=is_leaf)
     return ckptr.restore(path, args=ocp.args.StandardRestore(abstract))
 
 

@@ -14,9 +14,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from automap.ir.program import Op, Program
-from automap.shardings import ShardingState
+from automap.shardings import ShardingState, to_partition_spec
 
 PinPolicy = Literal["all", "anchors", "none"]
+# ops whose operand is gathered along the cut dims before they run (see _Replay.whole_cut_dims)
+_GATHER_BEFORE = frozenset({"slice", "split", "dynamic_slice"})
 ANCHOR_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "gather", "scatter_add", "scatter-add"})
 
 
@@ -109,6 +111,8 @@ class _Replay:
 
     def run_op(self, op: Op, env: dict) -> None:
         args = [self.get(env, v) for v in op.inputs]
+        if op.primitive in _GATHER_BEFORE and args:
+            args[0] = self.whole_cut_dims(op, args[0])
         if op.primitive == "scan":
             outs = self.run_scan(op, args)
         else:
@@ -117,6 +121,23 @@ class _Replay:
                 outs = [outs]
         for vid, x in zip(op.outputs, outs, strict=True):
             self.put(env, vid, x)
+
+    def whole_cut_dims(self, op: Op, x: Any) -> Any:
+        """Constrain a slice's operand to its planned spec with the cut dims whole (the rule
+        blocks them: the plan all-gathers there). Left to itself, XLA's SPMD partitioner (jax
+        0.10.2, Shardy and GSPMD) partially gathers a prefix slice of a sharded dim and then
+        reuses that buffer for other replicated uses of the operand: wrong numbers or an HLO
+        verifier error (``jit(lambda x: (wsc(x[:4], P()), x))`` with ``x`` on ``P("a")``)."""
+        vid = op.inputs[0]
+        value = self.program.values[vid]
+        if not op.has_rule or value.kind in ("literal", "const") or not value.ndim:
+            return x
+        spec = self.state.spec(vid)
+        cut = {d for d, fs in enumerate(op.rule.operands[0]) if not fs and spec[d]}
+        if not cut:
+            return x
+        whole = tuple(() if d in cut else axes for d, axes in enumerate(spec))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, to_partition_spec(whole)))
 
     def run_scan(self, op: Op, args: list[Any]) -> list[Any]:
         (region,) = op.regions

@@ -17,6 +17,10 @@ named ``<argument name>/<attribute path>`` without the ``Variable`` wrapper, e.g
 ``in_shardings`` has these pure dicts in place of the objects; its ``out_shardings`` is
 ``(*new_state_of_each_nnx_argument, outputs)``.
 
+Plans are cached per structure (the graphdef), as under ``nnx.jit``: new objects of the same
+classes and sizes reuse the plan, but a new optax transformation (``optax.adamw(...)`` called again)
+is a new structure and is planned again; build the optimizer's transformation once.
+
 >>> import jax, jax.numpy as jnp
 >>> from flax import nnx
 >>> model = nnx.Linear(4, 2, rngs=nnx.Rngs(0))

@@ -178,9 +178,11 @@ class StoredPlan:
             with open(path) as f:
                 data = json.load(f)
         except json.JSONDecodeError as e:
-            raise PlanMismatchError(f"{path} is not a plan file (invalid JSON: {e}); write one with plan.save(path)") from None
+            raise PlanMismatchError(
+                f"{path} is not a plan file (invalid JSON: {e}); write one with plan.save(path)") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise PlanMismatchError(f"{path} is not an automap plan file (no \"format\": \"{FORMAT}\"); write one with plan.save(path)")
+            raise PlanMismatchError(
+                f"{path} is not an automap plan file (no \"format\": \"{FORMAT}\"); write one with plan.save(path)")
         if data.get("version") != VERSION:
             raise PlanMismatchError(
                 f"{path} is plan format version {data.get('version')}, this automap reads version {VERSION}; "
@@ -200,7 +202,8 @@ class StoredPlan:
         got = _mesh_axes(mesh)
         if list(want.items()) == list(got.items()):
             return
-        diffs = [f"axis '{a}': size {n} in the plan, {got[a]} in the mesh" for a, n in want.items() if a in got and got[a] != n]
+        diffs = [f"axis '{a}': size {n} in the plan, {got[a]} in the mesh"
+                 for a, n in want.items() if a in got and got[a] != n]
         diffs += [f"axis '{a}' is missing from the mesh" for a in want if a not in got]
         diffs += [f"axis '{a}' is not in the plan" for a in got if a not in want]
         if not diffs:

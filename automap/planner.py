@@ -47,6 +47,8 @@ def make_plan(
     pins: emit.PinPolicy = "anchors",
     topology: Any = None,
     donate_argnums: Sequence[int] = (),
+    search: Any = None,
+    memory_budget: Any = None,
 ) -> Any:
     from automap.api import Plan
     from tactics import PlanContext, batch_over_all_axes, run_schedule
@@ -60,6 +62,16 @@ def make_plan(
     schedule = list(tactics) if tactics is not None else [batch_over_all_axes()]
     result = run_schedule(schedule, ctx, ShardingState.initial(program, axes))
     state = result.state
+    notes = result.notes
+    donated = donated_inputs(program, traced, len(args), static_argnums, donate_argnums)
+    if search is not None:  # fill what the tactics left open
+        from search.planning import run_search
+
+        state, _, search_notes = run_search(
+            search, state, topology=topology, memory_budget=memory_budget, donated=donated,
+            data_inputs=data_inputs,
+        )
+        notes = notes + search_notes
 
     # outputs that feed back as inputs keep the input's sharding (no resharding between steps)
     out_specs = [state.spec(v) for v in program.outputs]
@@ -72,8 +84,7 @@ def make_plan(
         if vid not in inputs and state.spec(vid) != want:
             specs[vid] = want
     state = state.replace(specs=specs)
-    donated = donated_inputs(program, traced, len(args), static_argnums, donate_argnums)
     return Plan(
-        mesh, traced, program, state, emit.pinned_values(state, pins), tuple(out_specs), result.notes,
+        mesh, traced, program, state, emit.pinned_values(state, pins), tuple(out_specs), notes,
         result.reasons, topology, donated,
     )

@@ -74,7 +74,9 @@ def select(root: Node, exploration: float, select_fn: SelectFn) -> list[Node]:
 def expand(space: SearchSpace, node: Node, rng: np.random.Generator) -> Node:
     if not node.untried:
         return node
-    action = node.untried.pop(int(rng.integers(len(node.untried))))
+    # the untried actions are in the space's order (largest groups first): try the first few
+    # in random order, so that big decisions are explored before small ones
+    action = node.untried.pop(int(rng.integers(min(len(node.untried), 3))))
     state = space.apply(node.state, action)
     child = Node(state, node.actions + (action,), space.legal(state))
     node.children[action] = child

@@ -52,6 +52,19 @@ def decision_values(program: Program, state: ShardingState) -> list[int]:
     return list(dict.fromkeys(out))
 
 
+def significant(
+    program: Program, groups: Sequence[tuple[int, ...]], data_inputs: Sequence[int], min_share: float
+) -> list[tuple[int, ...]]:
+    """Groups worth a decision, largest first: groups of data inputs (the batch) always, and
+    parameter groups holding at least ``min_share`` of the largest group's bytes (a layer
+    norm's scale is left to follow its layer by propagation)."""
+    data = set(data_inputs)
+    size = {g: sum(program.values[v].nbytes for v in g) for g in groups}
+    largest = max(size.values(), default=0)
+    keep = [g for g in groups if size[g] >= min_share * largest or any(v in data for v in g)]
+    return sorted(keep, key=lambda g: -size[g])
+
+
 def _blocked_dims(program: Program, vid: int) -> set[int]:
     """Dims of ``vid`` that some op keeps whole (the stacked layers dim of a scan, a sorted dim)."""
     out = set()
@@ -77,6 +90,8 @@ class SearchSpace:
         memory_budget: int | None = None,
         groups: Sequence[tuple[int, ...]] | None = None,
         donated: Sequence[int] = (),
+        data_inputs: Sequence[int] = (),
+        min_share: float = 0.02,
     ):
         self.root = root
         self.program = root.program
@@ -84,7 +99,9 @@ class SearchSpace:
         self.memory_budget = memory_budget
         self.donated = tuple(donated)
         values = decision_values(self.program, root)
-        self.groups = tuple(groups) if groups is not None else tuple(fold(self.program, values))
+        if groups is None:
+            groups = significant(self.program, fold(self.program, values), data_inputs, min_share)
+        self.groups = tuple(groups)
         self.blocked = {v: _blocked_dims(self.program, v) for g in self.groups for v in g}
         self.axes = tuple(a for a, n in root.axes.items() if n > 1)
         self._scores: dict[frozenset, Score] = {}

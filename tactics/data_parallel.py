@@ -3,7 +3,8 @@
 A dim of a data input (an argument the step does not return updated) is a *batch* dim when its
 factor, followed forward to the loss, is never contracted, never blocked and never meets a
 weight in an elementwise op (a sequence dim meets the position embedding; a feature dim is
-contracted with a weight); it may only be reduced (the mean of the loss). Dims of different
+contracted with a weight) or a factor that came from a weight (the targets' feature dim meets
+the prediction's, produced by the last layer); it may only be reduced (the mean of the loss). Dims of different
 inputs that reach a common value are one factor: if one of them is rejected, all are (the
 targets' sequence dim meets the tokens' sequence dim in the logits).
 """
@@ -45,7 +46,13 @@ def batch_dims(ctx: PlanContext) -> dict[int, int]:
                 parent[find(k)] = find(owner[point])
             else:
                 owner[point] = k
-    rejected = {find(k) for k in keys if not flows[k].kinds() <= _BATCH_ENDS}
+    # a dim that meets a weight's factor anywhere (the prediction's feature dim, which came from
+    # the last weight, against the targets' feature dim) is a feature, not the batch
+    from_weights: set[tuple[int, int]] = set()
+    for vid in ctx.state_inputs:
+        for d in range(program.values[vid].ndim):
+            from_weights |= follow(program, vid, d, weights, users=users).visited
+    rejected = {find(k) for k in keys if not flows[k].kinds() <= _BATCH_ENDS or flows[k].visited & from_weights}
     out: dict[int, int] = {}
     for vid, d in keys:
         if find((vid, d)) not in rejected and vid not in out and program.values[vid].shape[d] > 1:

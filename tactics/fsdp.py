@@ -157,6 +157,31 @@ def _largest_free_dim(state: ShardingState, vid: int, axis: str, blocked: set[Di
     return max(free, key=lambda d: (value.shape[d], -d)) if free else None
 
 
+def _picks(program: Program, state: ShardingState, state_inputs: tuple[int, ...], roles: StateRoles,
+           axis: str) -> dict[int, int]:
+    """State input -> the dim it is split along. A parameter takes its largest free divisible dim
+    (also in stages 1 and 2, where only its moments use the choice); an optimizer-state leaf
+    takes the dim its parameter took (the same optimizer class), else its own largest."""
+    classes = _optimizer_classes(program)
+    blocked = _blocked(program, state_inputs, classes)
+    size = state.axes[axis]
+    picks: dict[int, int] = {}
+    chosen: set[Dim] = set()
+    for vid in roles.params:
+        d = _largest_free_dim(state, vid, axis, blocked)
+        if d is not None:
+            picks[vid] = d
+            chosen.add(classes.get((vid, d), (vid, d)))
+    for vid in roles.opt_state:
+        value, spec = program.values[vid], state.spec(vid)
+        linked = [d for d in range(value.ndim)
+                  if classes.get((vid, d), (vid, d)) in chosen and not spec[d] and value.shape[d] % size == 0]
+        d = linked[0] if linked else _largest_free_dim(state, vid, axis, blocked)
+        if d is not None:
+            picks[vid] = d
+    return picks
+
+
 @dataclasses.dataclass(frozen=True)
 class Zero:
     """ZeRO stage ``stage`` on mesh axis ``axis`` (build with :func:`zero` or :func:`fsdp`)."""
@@ -182,20 +207,7 @@ class Zero:
             dp = DataParallel(axis)(ctx, state)
             state, notes = dp.state, list(dp.notes)
             reasons.update(dp.reasons)
-        classes = _optimizer_classes(program)
-        blocked = _blocked(program, ctx.state_inputs, classes)
-        # the dim each parameter takes (also in stages 1 and 2, where only its moments use it)
-        chosen: dict[Dim, int] = {}
-        picks: dict[int, int] = {}
-        for vid in roles.params:
-            d = _largest_free_dim(state, vid, axis, blocked)
-            if d is not None:
-                picks[vid] = d
-                chosen.setdefault(classes.get((vid, d), (vid, d)), vid)
-        for vid in roles.opt_state:
-            d = self._opt_dim(state, vid, blocked, classes, chosen)
-            if d is not None:
-                picks[vid] = d
+        picks = _picks(program, state, ctx.state_inputs, roles, axis)
         targets = roles.opt_state + (roles.params if self.stage == 3 else ())
         actions, small, already = [], 0, 0
         for vid in targets:
@@ -221,22 +233,15 @@ class Zero:
             freeze = roles.params + (roles.grads if self.stage == 1 else ())
         state = apply(state, actions, freeze=freeze, label=tag)
         n_params = sum(a.value in set(roles.params) for a in actions)
-        notes.append(f"{tag}: {n_params} parameters and {len(actions) - n_params} optimizer-state leaves "
-                     f"sharded on {axis!r}" + ("" if self.stage == 3 else "; parameters replicated")
-                     + ("; gradients all-reduced" if self.stage == 1 else ""))
+        n_opt = len(actions) - n_params
+        notes.append(f"{tag}: {n_params} parameters and {n_opt} optimizer-state leaves sharded on {axis!r}"
+                     if self.stage == 3 else
+                     f"{tag}: {n_opt} optimizer-state leaves sharded on {axis!r}; parameters replicated, gradients "
+                     + ("all-reduced" if self.stage == 1 else "reduce-scattered"))
         if small:
-            notes.append(f"{tag}: {small} small leaves replicated (no free dim divisible by {ctx.axes[axis]})")
+            notes.append(f"{tag}: {small} small leaves replicated on {axis!r} (no free dim divisible by "
+                         f"{ctx.axes[axis]})")
         return TacticResult(state, tuple(notes), reasons=reasons)
-
-    def _opt_dim(self, state, vid, blocked, classes, chosen) -> int | None:
-        """A moment takes the dim its parameter takes (same class), else its own largest."""
-        value = state.program.values[vid]
-        size = state.axes[self.axis]
-        spec = state.spec(vid)
-        for d in range(value.ndim):
-            if classes.get((vid, d), (vid, d)) in chosen and not spec[d] and value.shape[d] % size == 0:
-                return d
-        return _largest_free_dim(state, vid, self.axis, blocked)
 
 
 def zero(stage: Stage, axis: str = "data") -> Zero:

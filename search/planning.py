@@ -1,0 +1,50 @@
+"""The search step of planning: fill what the tactics left open, under a memory budget."""
+from __future__ import annotations
+
+from typing import Any
+
+from automap.cost import Topology, default_topology, parse_bytes
+from automap.report import human_bytes
+from automap.shardings import ShardingState
+from search.base import SearchResult
+from search.space import SearchSpace
+
+
+class MemoryBudgetError(ValueError):
+    """No explored plan fits the per-device memory budget."""
+
+
+def budget_bytes(memory_budget: int | str | None, topology: Topology) -> int:
+    if memory_budget is None:
+        return int(topology.device.memory_bytes)
+    return parse_bytes(memory_budget)
+
+
+def run_search(
+    searcher: Any, state: ShardingState, *, topology: Topology | None, memory_budget: int | str | None,
+    donated: Any = (), data_inputs: Any = (),
+) -> tuple[ShardingState, SearchResult, tuple[str, ...]]:
+    """Search from ``state``; raise :class:`MemoryBudgetError` if nothing explored fits."""
+    topology = topology or default_topology()
+    budget = budget_bytes(memory_budget, topology)
+    space = SearchSpace(
+        state, topology=topology, memory_budget=budget, donated=tuple(donated), data_inputs=tuple(data_inputs)
+    )
+    result = searcher.search(space)
+    if not result.score.feasible:
+        best = min(space._scores.values(), key=lambda s: s.peak_bytes)
+        best_state = next(st for st in [result.state] if st is not None)
+        top = sorted(state.program.inputs, key=lambda v: -best_state.bytes_per_device(v))[:5]
+        names = ", ".join(f"{state.program.values[v].name} ({human_bytes(best_state.bytes_per_device(v))})" for v in top)
+        raise MemoryBudgetError(
+            f"no plan found within the memory budget of {human_bytes(budget)} per device: the smallest "
+            f"per-device peak explored was {human_bytes(best.peak_bytes)} ({result.stats.states_evaluated} "
+            f"plans evaluated). Largest inputs per device in the best plan: {names}. Raise memory_budget, "
+            "use a larger mesh, or add tactics (fsdp, megatron) that shard these values"
+        )
+    notes = (
+        f"search {result.searcher}: {result.stats.episodes} episodes, {result.stats.states_evaluated} plans "
+        f"evaluated in {result.stats.wall_time_s:.2f} s; estimated step {result.score.time_s * 1e3:.3f} ms, "
+        f"peak {human_bytes(result.score.peak_bytes)}/device (budget {human_bytes(budget)})",
+    ) + tuple(f"search: {d}" for d in result.describe(space))
+    return result.state, result, notes
