@@ -62,6 +62,7 @@ class _Replay:
         self.state = state
         self.mesh = mesh
         self.pins = pins
+        self.shared = _shared_values(self.program)
 
     def sharding(self, vid: int) -> NamedSharding:
         return NamedSharding(self.mesh, self.state.partition_spec(vid))
@@ -111,7 +112,7 @@ class _Replay:
 
     def run_op(self, op: Op, env: dict) -> None:
         args = [self.get(env, v) for v in op.inputs]
-        if op.primitive in _GATHER_BEFORE and args:
+        if op.primitive in _GATHER_BEFORE and op.inputs and op.inputs[0] in self.shared:
             args[0] = self.whole_cut_dims(op, args[0])
         if op.primitive == "scan":
             outs = self.run_scan(op, args)
@@ -124,10 +125,11 @@ class _Replay:
 
     def whole_cut_dims(self, op: Op, x: Any) -> Any:
         """Constrain a slice's operand to its planned spec with the cut dims whole (the rule
-        blocks them: the plan all-gathers there). Left to itself, XLA's SPMD partitioner (jax
-        0.10.2, Shardy and GSPMD) partially gathers a prefix slice of a sharded dim and then
-        reuses that buffer for other replicated uses of the operand: wrong numbers or an HLO
-        verifier error (``jit(lambda x: (wsc(x[:4], P()), x))`` with ``x`` on ``P("a")``)."""
+        blocks them: the plan all-gathers there), when the operand has other uses. Left to
+        itself, XLA's SPMD partitioner (jax 0.10.2, Shardy and GSPMD) partially gathers a prefix
+        slice of a sharded dim and then reuses that buffer for the operand's other replicated
+        uses: wrong numbers or an HLO verifier error (``jit(lambda x: (wsc(x[:4], P()), x))``
+        with ``x`` on ``P("a")`` returns ``x[:4]`` twice)."""
         vid = op.inputs[0]
         value = self.program.values[vid]
         if not op.has_rule or value.kind in ("literal", "const") or not value.ndim:
@@ -157,6 +159,25 @@ class _Replay:
             body, list(init), list(xs), length=p["length"], reverse=p["reverse"], unroll=p.get("unroll", 1)
         )
         return list(carry) + list(ys)
+
+
+def _shared_values(program: Program) -> frozenset[int]:
+    """Values read more than once (by ops, in regions too, or as program outputs)."""
+    uses: dict[int, int] = {}
+
+    def visit(ops: Sequence[Op]) -> None:
+        for op in ops:
+            for v in op.inputs:
+                uses[v] = uses.get(v, 0) + 1
+            for region in op.regions:
+                visit(region.ops)
+                for v in region.outputs:
+                    uses[v] = uses.get(v, 0) + 1
+
+    visit(program.ops)
+    for v in program.outputs:
+        uses[v] = uses.get(v, 0) + 1
+    return frozenset(v for v, n in uses.items() if n > 1)
 
 
 def replay_fn(state: ShardingState, mesh: Mesh, pins: Iterable[int]) -> Callable[..., list[Any]]:

@@ -69,7 +69,7 @@ def make_plan(
 
         state, _, search_notes = run_search(
             search, state, topology=topology, memory_budget=memory_budget, donated=donated,
-            data_inputs=data_inputs,
+            data_inputs=data_inputs, context=ctx,
         )
         notes = notes + search_notes
 

@@ -7,6 +7,8 @@
 from search.base import SearchResult, SearchStats, Searcher
 from search.greedy import Greedy
 from search.mcts import MCTS
-from search.space import GroupAction, Score, SearchSpace
+from search.space import GroupAction, Score, SearchSpace, TacticAction
 
-__all__ = ["Greedy", "GroupAction", "MCTS", "Score", "SearchResult", "SearchSpace", "SearchStats", "Searcher"]
+__all__ = [
+    "Greedy", "GroupAction", "MCTS", "Score", "SearchResult", "SearchSpace", "SearchStats", "Searcher", "TacticAction",
+]

@@ -5,7 +5,7 @@ import dataclasses
 from typing import Protocol
 
 from automap.shardings import ShardingState
-from search.space import GroupAction, Score, SearchSpace
+from search.space import Move, Score, SearchSpace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,12 +23,12 @@ class SearchResult:
 
     state: ShardingState
     score: Score
-    actions: tuple[GroupAction, ...]
+    actions: tuple[Move, ...]
     stats: SearchStats
     searcher: str
 
     def describe(self, space: SearchSpace) -> list[str]:
-        return [f"{space.group_name(a.group)} dim {a.dim} on {a.axis!r}" for a in self.actions]
+        return [space.describe(a) for a in self.actions]
 
 
 class Searcher(Protocol):

@@ -18,15 +18,15 @@ import numpy as np
 
 from automap.shardings import ShardingState
 from search.base import SearchResult, SearchStats, better
-from search.space import GroupAction, Score, SearchSpace
+from search.space import Move, Score, SearchSpace
 
 
 @dataclasses.dataclass(eq=False)
 class Node:
     state: ShardingState
-    actions: tuple[GroupAction, ...]
-    untried: list[GroupAction]
-    children: dict[GroupAction, "Node"] = dataclasses.field(default_factory=dict)
+    actions: tuple[Move, ...]
+    untried: list[Move]
+    children: dict[Move, "Node"] = dataclasses.field(default_factory=dict)
     visits: int = 0
     value: float = 0.0
 
@@ -55,32 +55,46 @@ def random_rollout(space: SearchSpace, state: ShardingState, rng: np.random.Gene
         legal = space.legal(state)
         if not legal:
             break
-        state = space.apply(state, legal[int(rng.integers(len(legal)))])
+        # mostly one of the first few actions (tactics, the largest groups), sometimes any
+        pick = int(rng.integers(min(len(legal), 4))) if rng.random() < 0.75 else int(rng.integers(len(legal)))
+        nxt = space.apply(state, legal[pick])
+        if nxt.key() == state.key():
+            continue
+        state = nxt
         got = space.score(state)
         if better(got, best):
             best_state, best = state, got
     return best_state, best
 
 
+def widen(visits: int) -> int:
+    """Progressive widening: a node with n visits may have up to 1 + 2 sqrt(n) children, so the
+    search goes deep along good lines instead of trying every one of dozens of first actions."""
+    return 1 + int(2 * math.sqrt(visits))
+
+
 def select(root: Node, exploration: float, select_fn: SelectFn) -> list[Node]:
     path = [root]
     node = root
-    while not node.untried and node.children:
+    while node.children and not (node.untried and len(node.children) < widen(node.visits)):
         node = select_fn(node, exploration)
         path.append(node)
     return path
 
 
 def expand(space: SearchSpace, node: Node, rng: np.random.Generator) -> Node:
-    if not node.untried:
-        return node
-    # the untried actions are in the space's order (largest groups first): try the first few
-    # in random order, so that big decisions are explored before small ones
-    action = node.untried.pop(int(rng.integers(min(len(node.untried), 3))))
-    state = space.apply(node.state, action)
-    child = Node(state, node.actions + (action,), space.legal(state))
-    node.children[action] = child
-    return child
+    """Add one child; actions that change nothing (a tactic with nothing to do) are dropped."""
+    while node.untried:
+        # the untried actions are in the space's order (tactics, then the largest groups):
+        # try the first few in random order, so that big decisions are explored first
+        action = node.untried.pop(int(rng.integers(min(len(node.untried), 3))))
+        state = space.apply(node.state, action)
+        if state.key() == node.state.key():
+            continue
+        child = Node(state, node.actions + (action,), space.legal(state))
+        node.children[action] = child
+        return child
+    return node
 
 
 def backup(path: list[Node], reward: float) -> None:
@@ -113,7 +127,7 @@ class MCTS:
         t0 = time.perf_counter()
         root = Node(space.root, (), space.legal(space.root))
         best_state, best = space.root, space.score(space.root)
-        best_actions: tuple[GroupAction, ...] = ()
+        best_actions: tuple[Move, ...] = ()
         curve = []
         bar = _progress(self.episodes, self.progress)
         episodes = 0
@@ -144,15 +158,19 @@ class MCTS:
         return SearchResult(best_state, best, best_actions, stats, self.name)
 
 
-def _actions_between(space: SearchSpace, start: ShardingState, end: ShardingState) -> tuple[GroupAction, ...]:
+def _actions_between(space: SearchSpace, start: ShardingState, end: ShardingState) -> tuple[Move, ...]:
     """The rollout's actions, recovered from the decision labels added after ``start``."""
     out = []
-    for p in range(start.next_priority, end.next_priority):
-        label = end.labels.get(p, "")
-        for a in space.legal(start):
-            if label == f"search: {space.group_name(a.group)} dim {a.dim} on {a.axis!r}":
+    state = start
+    while state.key() != end.key():  # replay: the first legal action that leads towards ``end``
+        for a in space.legal(state):
+            nxt = space.apply(state, a)
+            if all(end.specs.get(v) == spec for v, spec in nxt.specs.items()):
                 out.append(a)
+                state = nxt
                 break
+        else:
+            break
     return tuple(out)
 
 

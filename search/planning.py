@@ -22,13 +22,14 @@ def budget_bytes(memory_budget: int | str | None, topology: Topology) -> int:
 
 def run_search(
     searcher: Any, state: ShardingState, *, topology: Topology | None, memory_budget: int | str | None,
-    donated: Any = (), data_inputs: Any = (),
+    donated: Any = (), data_inputs: Any = (), context: Any = None,
 ) -> tuple[ShardingState, SearchResult, tuple[str, ...]]:
     """Search from ``state``; raise :class:`MemoryBudgetError` if nothing explored fits."""
     topology = topology or default_topology()
     budget = budget_bytes(memory_budget, topology)
     space = SearchSpace(
-        state, topology=topology, memory_budget=budget, donated=tuple(donated), data_inputs=tuple(data_inputs)
+        state, topology=topology, memory_budget=budget, donated=tuple(donated), data_inputs=tuple(data_inputs),
+        context=context,
     )
     result = searcher.search(space)
     if not result.score.feasible:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence, Union
 
 from automap.cost import Estimate, Topology, estimate
 from automap.ir.fold import fold
@@ -25,6 +25,27 @@ class GroupAction:
     group: int
     dim: int
     axis: str
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class TacticAction:
+    """Apply a structural tactic (``data_parallel``, ``megatron``, ``fsdp``) on mesh axis ``axis``:
+    one decision that stands for many group actions (PartIR's composite strategies)."""
+
+    tactic: str
+    axis: str
+
+
+Move = Union[GroupAction, TacticAction]
+MACROS: dict[str, Callable[[str], Any]] = {}
+
+
+def _macros() -> dict[str, Callable[[str], Any]]:
+    if not MACROS:
+        import tactics
+
+        MACROS.update(data_parallel=tactics.data_parallel, megatron=tactics.megatron, fsdp=tactics.fsdp)
+    return MACROS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +113,8 @@ class SearchSpace:
         donated: Sequence[int] = (),
         data_inputs: Sequence[int] = (),
         min_share: float = 0.02,
+        context: Any = None,
+        macros: Sequence[str] = ("data_parallel", "megatron", "fsdp"),
     ):
         self.root = root
         self.program = root.program
@@ -104,6 +127,9 @@ class SearchSpace:
         self.groups = tuple(groups)
         self.blocked = {v: _blocked_dims(self.program, v) for g in self.groups for v in g}
         self.axes = tuple(a for a, n in root.axes.items() if n > 1)
+        self.context = context  # a tactics.PlanContext: enables tactic macro-actions
+        self.macros = tuple(macros) if context is not None else ()
+        self._macro_results: dict[tuple, ShardingState | None] = {}
         self._scores: dict[frozenset, Score] = {}
         self.evaluations = 0
         self.eval_time_s = 0.0
@@ -114,9 +140,32 @@ class SearchSpace:
         names = [self.program.values[v].name for v in self.groups[g]]
         return names[0] + (f" (+{len(names) - 1} alike)" if len(names) > 1 else "")
 
-    def legal(self, state: ShardingState) -> list[GroupAction]:
-        """Every action that changes the state and keeps every spec valid, in a fixed order."""
-        out = []
+    def describe(self, action: Move) -> str:
+        if isinstance(action, TacticAction):
+            return f"{action.tactic}({action.axis!r})"
+        return f"{self.group_name(action.group)} dim {action.dim} on {action.axis!r}"
+
+    def _macro(self, state: ShardingState, action: TacticAction) -> ShardingState | None:
+        """The state after the tactic, or None when it changes nothing (memoised)."""
+        key = (state.key(), action)
+        if key not in self._macro_results:
+            result = _macros()[action.tactic](action.axis)(self.context, state).state
+            self._macro_results[key] = None if result.key() == state.key() else result
+        return self._macro_results[key]
+
+    def legal(self, state: ShardingState) -> list[Move]:
+        """Every action that changes the state and keeps every spec valid, in a fixed order:
+        tactic macro-actions first, then group actions, largest groups first."""
+        out: list[Move] = []
+        used = {a for spec in state.specs.values() for dim in spec for a in dim}
+        for name in self.macros:
+            for axis in self.axes:
+                if axis in used and name != "fsdp":
+                    continue  # a tactic claims a free axis (fsdp may join data parallelism)
+                action = TacticAction(name, axis)
+                key = (state.key(), action)
+                if key not in self._macro_results or self._macro_results[key] is not None:
+                    out.append(action)  # lazily: run when chosen (a no-op then leads nowhere new)
         for g, members in enumerate(self.groups):
             rep = self.program.values[members[0]]
             for d in range(rep.ndim):
@@ -131,10 +180,12 @@ class SearchSpace:
                     out.append(GroupAction(g, d, axis))
         return out
 
-    def apply(self, state: ShardingState, action: GroupAction) -> ShardingState:
+    def apply(self, state: ShardingState, action: Move) -> ShardingState:
+        if isinstance(action, TacticAction):
+            got = self._macro(state, action)
+            return state if got is None else got
         actions = [Action(v, action.dim, action.axis) for v in self.groups[action.group]]
-        label = f"search: {self.group_name(action.group)} dim {action.dim} on {action.axis!r}"
-        return apply(state, actions, label=label)
+        return apply(state, actions, label=f"search: {self.describe(action)}")
 
     def _raw(self, state: ShardingState) -> Score:
         t0 = time.perf_counter()

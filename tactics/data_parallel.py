@@ -69,7 +69,10 @@ class DataParallel:
         tag = f"data_parallel({self.axis!r})"
         if self.axis not in ctx.axes:
             return TacticResult(state, (f"{tag}: not a mesh axis {tuple(ctx.axes)}; nothing done",))
-        dims = batch_dims(ctx)
+        key = ("batch_dims", ctx.data_inputs, ctx.state_inputs)  # structure: the same for every state
+        if key not in ctx.program.memo:
+            ctx.program.memo[key] = batch_dims(ctx)
+        dims = ctx.program.memo[key]
         if not dims:
             return TacticResult(state, (f"{tag}: no data input has a batch dim (every dim is contracted, "
                                         "blocked or meets a weight); nothing done",))

@@ -57,8 +57,8 @@ def logical_specs(annotations: Any) -> dict[str, tuple]:
 
     ``annotations`` is a pytree of logical ``PartitionSpec`` leaves (``nn.get_partition_spec``), a
     linen variable tree with ``LogicallyPartitioned`` boxes, an nnx ``State`` or ``Module`` (its
-    ``nnx.Param`` variables' ``out_sharding`` metadata), or a plain dict of names per dim. A
-    mapping whose only key is ``"params"`` (a linen variables dict) is unwrapped.
+    ``nnx.Param`` variables' ``out_sharding`` metadata). A mapping whose only key is ``"params"``
+    (a linen variables dict) is unwrapped; an unannotated array leaf has no names (replicated).
 
     >>> from jax.sharding import PartitionSpec as P
     >>> logical_specs({"params": {"mlp": {"kernel": P("embed", "mlp"), "bias": P("mlp")}}})

@@ -109,7 +109,10 @@ class Megatron:
         program = ctx.program
         if self.axis not in ctx.axes:
             return TacticResult(state, (f"megatron({self.axis!r}): not a mesh axis {tuple(ctx.axes)}; nothing done",))
-        candidates, why_not = find_candidates(program, ctx.state_inputs)
+        key = ("megatron_candidates", ctx.state_inputs)  # structure: the same for every state
+        if key not in program.memo:
+            program.memo[key] = find_candidates(program, ctx.state_inputs)
+        candidates, why_not = program.memo[key]
         actions, notes = [], []
         for c in candidates:
             if c.weight in state.frozen:  # pinned by an earlier tactic (manual rules): it decided first

@@ -240,3 +240,12 @@ def test_megatron_keeps_manual_pins():
     assert got["layers_0/kernel"] == P()
     assert got["layers_2/kernel"] == P(None, "model") and got["layers_3/kernel"] == P("model")
     assert_valid(plan)
+
+
+def test_megatron_that_cannot_apply_keeps_the_earlier_tactics_plan():
+    params, batch = {"w": _sds(16, 6)}, {"x": _sds(8, 16)}
+    before = automap.partition(_sgd(_single_dot), mesh=MESH, tactics=[tactics.data_parallel("data")]).plan(params, batch)
+    after = automap.partition(_sgd(_single_dot), mesh=MESH, tactics=[TP]).plan(params, batch)
+    assert dict(after.state.specs) == dict(before.state.specs)
+    assert any("skips head" in n and "not divisible by 4" in n for n in after.notes), after.notes
+    assert "megatron('model'): every candidate skipped; nothing done" in after.notes
