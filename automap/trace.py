@@ -59,6 +59,11 @@ def abstractify(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
+_CONCRETE_VALUE_ERRORS = (
+    jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError,
+)
+
+
 def trace(fn: Callable, args: Sequence[Any], *, static_argnums: Sequence[int] = ()) -> Traced:
     """Trace ``fn(*args)`` abstractly.
 
@@ -77,7 +82,16 @@ def trace(fn: Callable, args: Sequence[Any], *, static_argnums: Sequence[int] = 
         full = [args[i] if i in static else next(it) for i in range(len(args))]
         return fn(*full)
 
-    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*abstract)
+    try:
+        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*abstract)
+    except _CONCRETE_VALUE_ERRORS as e:  # Python control flow / NumPy on a traced value
+        name = getattr(fn, "__name__", "the function")
+        e.add_note(
+            f"automap traces {name} with abstract arguments (like jax.jit), so Python `if`/`while`, int() "
+            "and NumPy cannot look at array values: use jax.lax.cond / jnp.where / jax.lax.while_loop / "
+            "jax.lax.fori_loop and jax.numpy, or pass the value as a static argument (static_argnums=...)"
+        )
+        raise
     leaves_with_path, in_tree = tree_util.tree_flatten_with_path(tuple(abstract))
     in_paths, leaf_arg = [], []
     for path, _ in leaves_with_path:

@@ -138,9 +138,11 @@ def follow(
 
 
 def consumers(program: Program) -> dict[int, list[tuple[Op, int]]]:
-    """value -> (op, operand position) for every op that reads it through its rule."""
-    out: dict[int, list[tuple[Op, int]]] = {}
-    for op in program.all_ops:
-        for pos, v in enumerate(op.linked_inputs):
-            out.setdefault(v, []).append((op, pos))
-    return out
+    """value -> (op, operand position) for every op that reads it through its rule (memoised)."""
+    got = program.memo.get("consumers")
+    if got is None:
+        got = program.memo["consumers"] = {}
+        for op in program.all_ops:
+            for pos, v in enumerate(op.linked_inputs):
+                got.setdefault(v, []).append((op, pos))
+    return got

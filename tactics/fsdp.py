@@ -85,6 +85,13 @@ def state_roles(ctx: PlanContext) -> StateRoles:
     >>> roles.params == (w,), roles.opt_state == (m,), len(roles.grads)
     (True, True, 1)
     """
+    key = ("state_roles", ctx.state_inputs)  # structure: the same for every state
+    if key not in ctx.program.memo:
+        ctx.program.memo[key] = _state_roles(ctx)
+    return ctx.program.memo[key]
+
+
+def _state_roles(ctx: PlanContext) -> StateRoles:
     program = ctx.program
     users = consumers(program)
     links = {op.id: _region_links(op) for op in program.all_ops if op.regions}
@@ -162,8 +169,11 @@ def _picks(program: Program, state: ShardingState, state_inputs: tuple[int, ...]
     """State input -> the dim it is split along. A parameter takes its largest free divisible dim
     (also in stages 1 and 2, where only its moments use the choice); an optimizer-state leaf
     takes the dim its parameter took (the same optimizer class), else its own largest."""
-    classes = _optimizer_classes(program)
-    blocked = _blocked(program, state_inputs, classes)
+    key = ("fsdp_classes", state_inputs)  # structure: the same for every state
+    if key not in program.memo:
+        classes = _optimizer_classes(program)
+        program.memo[key] = (classes, _blocked(program, state_inputs, classes))
+    classes, blocked = program.memo[key]
     size = state.axes[axis]
     picks: dict[int, int] = {}
     chosen: set[Dim] = set()

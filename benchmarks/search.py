@@ -1,0 +1,144 @@
+"""Search benchmark: plan quality against expert plans, recovery over seeds, and scaling in depth.
+
+    python benchmarks/search.py [--quick] [--episodes 48] [--topology h100-8]
+
+(a) quality: for the zoo GPT (2 and 12 layers, unrolled and scanned) on meshes 8, 2x4 and 4x2,
+    with no budget and with a budget that pure data parallelism does not fit, the estimated step
+    time of the MCTS plan (no tactics) against the best expert plan that fits and against Greedy;
+    for 2-layer models also the XLA-measured collective bytes and memory per device of both.
+(b) recovery: over 10 seeds on mesh 2x4, how often MCTS finds a plan at least as good as
+    Megatron + data parallel (estimated).
+(c) scaling: search time (excluding tracing) at 2, 12, 24 and 48 layers, scanned and unrolled.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import automap  # noqa: E402
+import search  # noqa: E402
+import tactics  # noqa: E402
+from automap import zoo  # noqa: E402
+from automap.cost import Topology  # noqa: E402
+from automap.shardings import ShardingState  # noqa: E402
+from automap.trace import feedback_pairs  # noqa: E402
+from tactics import PlanContext, run_schedule  # noqa: E402
+
+MESHES = {"8": {"data": 8}, "2x4": {"data": 2, "model": 4}, "4x2": {"data": 4, "model": 2}}
+SIZE = dict(d_model=256, heads=8, vocab=2048, seq=128, batch=16)
+
+
+def setup(layers: int, scan: bool, axes: dict):
+    w = zoo.gpt_linen(zoo.GPTConfig(layers=layers, scan=scan, **SIZE))
+    t = automap.trace(w.train_step, w.abstract())
+    p = automap.lower(t.closed_jaxpr, t.in_paths, t.out_paths)
+    pairs = feedback_pairs(t)
+    state_in = tuple(sorted({p.inputs[i] for i in pairs.values()}))
+    data_in = tuple(v for v in p.inputs if v not in state_in)
+    return w, p, PlanContext(p, axes, data_in, state_in), ShardingState.initial(p, axes)
+
+
+def experts(axes: dict):
+    names = list(axes)
+    if len(names) == 1:
+        d = names[0]
+        return {"data_parallel": [tactics.data_parallel(d)], "megatron": [tactics.megatron(d)],
+                "fsdp": [tactics.fsdp(d)]}
+    d, m = names
+    return {
+        "data_parallel": [tactics.batch_over_all_axes()],
+        "megatron_dp": [tactics.data_parallel(d), tactics.megatron(m)],
+        "fsdp": [tactics.fsdp(d)],
+        "fsdp_tp": [tactics.data_parallel(d), tactics.megatron(m), tactics.fsdp(d)],
+    }
+
+
+def quality(args, topo) -> None:
+    print("(a) quality: estimated step time, ratio MCTS / best fitting expert (<= 1 is as good or better)")
+    print(f"{'model':<14} {'mesh':<4} {'budget':<9} {'best expert':<14} {'expert ms':>9} {'mcts ms':>9} "
+          f"{'ratio':>6} {'greedy':>6} {'fits':>4}  plan")
+    layer_set = (2,) if args.quick else (2, 12)
+    for layers in layer_set:
+        for scan in (True, False):
+            for mesh_name, axes in MESHES.items():
+                if args.quick and mesh_name != "2x4":
+                    continue
+                w, p, ctx, root = setup(layers, scan, axes)
+                dp = search.SearchSpace(root, topology=topo, context=ctx).score(
+                    run_schedule([tactics.batch_over_all_axes()], ctx, root).state)
+                for budget in (None, int(dp.peak_bytes * 0.8)):
+                    space = search.SearchSpace(root, topology=topo, memory_budget=budget,
+                                               data_inputs=ctx.data_inputs, context=ctx)
+                    expert = {k: space.score(run_schedule(v, ctx, root).state) for k, v in experts(axes).items()}
+                    fitting = {k: s for k, s in expert.items() if s.feasible}
+                    name, best = min(fitting.items(), key=lambda kv: kv[1].time_s) if fitting else ("-", None)
+                    result = search.MCTS(episodes=args.episodes, seed=0).search(space)
+                    greedy = search.Greedy().search(search.SearchSpace(
+                        root, topology=topo, memory_budget=budget, data_inputs=ctx.data_inputs, context=ctx))
+                    ratio = result.score.time_s / best.time_s if best else float("nan")
+                    g_ratio = greedy.score.time_s / best.time_s if best else float("nan")
+                    label = f"{'scan' if scan else 'unroll'}-{layers}"
+                    btxt = "none" if budget is None else f"{budget / 2**20:.0f}MiB"
+                    print(f"{label:<14} {mesh_name:<4} {btxt:<9} {name:<14} {best.time_s * 1e3 if best else 0:>9.3f} "
+                          f"{result.score.time_s * 1e3:>9.3f} {ratio:>6.3f} {g_ratio:>6.3f} "
+                          f"{'yes' if result.score.feasible else 'NO':>4}  {', '.join(result.describe(space))}",
+                          flush=True)
+
+
+def recovery(args, topo) -> None:
+    axes = MESHES["2x4"]
+    w, p, ctx, root = setup(2, True, axes)
+    target = search.SearchSpace(root, topology=topo, context=ctx).score(
+        run_schedule([tactics.data_parallel("data"), tactics.megatron("model")], ctx, root).state)
+    wins = 0
+    for seed in range(10):
+        space = search.SearchSpace(root, topology=topo, data_inputs=ctx.data_inputs, context=ctx)
+        r = search.MCTS(episodes=args.episodes, seed=seed).search(space)
+        ok = r.score.time_s <= target.time_s * (1 + 1e-9)
+        wins += ok
+        print(f"  seed {seed}: {r.score.time_s * 1e3:.3f} ms vs megatron+dp {target.time_s * 1e3:.3f} ms "
+              f"{'ok' if ok else 'worse'}  {', '.join(r.describe(space))}", flush=True)
+    print(f"(b) recovery: {wins}/10 seeds at least as good as Megatron + data parallel (mesh 2x4)")
+
+
+def scaling(args, topo) -> None:
+    print("(c) scaling: MCTS search time (tracing and lowering excluded)")
+    for scan in (True, False):
+        times = {}
+        for layers in ((2, 12) if args.quick else (2, 12, 24, 48)):
+            if not scan and layers > 24:
+                continue
+            _, p, ctx, root = setup(layers, scan, MESHES["2x4"])
+            t0 = time.perf_counter()
+            space = search.SearchSpace(root, topology=topo, data_inputs=ctx.data_inputs, context=ctx)
+            r = search.MCTS(episodes=args.episodes, seed=0).search(space)
+            times[layers] = time.perf_counter() - t0
+            print(f"  {'scanned' if scan else 'unrolled'} {layers:>2} layers: {times[layers]:6.2f} s, "
+                  f"{len(space.groups)} decision groups, {r.stats.states_evaluated} plans evaluated", flush=True)
+        if 48 in times:
+            print(f"  scanned: time at 48 layers / 12 layers = {times[48] / times[12]:.2f} (target <= 1.5)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--episodes", type=int, default=48)
+    parser.add_argument("--topology", default="h100-8")
+    parser.add_argument("--parts", default="abc")
+    args = parser.parse_args()
+    topo = Topology.preset(args.topology)
+    if "a" in args.parts:
+        quality(args, topo)
+    if "b" in args.parts:
+        recovery(args, topo)
+    if "c" in args.parts:
+        scaling(args, topo)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
