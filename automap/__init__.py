@@ -1,20 +1,25 @@
 """automap: automatic SPMD partitioning for JAX train steps.
 
 >>> import automap
->>> sorted(n for n in automap.__all__ if n[0].islower())[:3]
-['automap', 'cost', 'lower']
+>>> sorted(n for n in automap.__all__ if n[0].islower())[:4]
+['automap', 'checkpoint', 'cost', 'lower']
 """
 from automap import cost, rules, zoo
-from automap.cost import Estimate, Topology
 from automap.api import Partitioned, Plan, automap, make_mesh, partition
+from automap.cost import Estimate, Topology
 from automap.ir.lower import lower
 from automap.ir.program import Op, Program, Region, Value
-from automap.profile import Profile, profile
 from automap.measure import CollectiveOp, CollectiveStat, Measurement, MemoryStat, measure
+from automap.profile import Profile, profile
 from automap.shardings import Action, ShardingError, ShardingState
 from automap.trace import trace
 
+from automap import checkpoint, plan_io  # noqa: E402  (after the API they build on)
+from automap.plan_io import PlanMismatchError  # noqa: E402
+
 __all__ = [
-    "Action", "CollectiveOp", "Estimate", "Topology", "CollectiveStat", "Measurement", "MemoryStat", "Op", "Partitioned", "Plan", "Profile", "Program", "Region", "ShardingError", "ShardingState", "Value",
-    "automap", "cost", "lower", "make_mesh", "measure", "partition", "profile", "rules", "trace", "zoo",
+    "Action", "CollectiveOp", "CollectiveStat", "Estimate", "Measurement", "MemoryStat", "Op", "Partitioned",
+    "Plan", "PlanMismatchError", "Profile", "Program", "Region", "ShardingError", "ShardingState", "Topology",
+    "Value", "automap", "checkpoint", "cost", "lower", "make_mesh", "measure", "partition", "plan_io", "profile",
+    "rules", "trace", "zoo",
 ]

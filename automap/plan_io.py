@@ -3,9 +3,10 @@
 The file (format ``automap-plan``, version 1) holds:
 
 - ``fingerprint``: ``sha256:`` of the lowered program's structure (every op's primitive, value
-  ids, shapes, dtypes and simple parameters, in program order, plus the input/output paths). It
-  is the same in every process and run for the same function and shapes, and changes when the
-  function or a shape does. Value ids are part of it, so equal fingerprints mean equal ids.
+  ids, shapes, dtypes and simple parameters, in program order, the literals and constants, and
+  the input/output paths). It is the same in every process and run for the same function and
+  shapes, and changes when the function or a shape does. Value ids are part of it, so equal
+  fingerprints mean equal ids.
 - ``mesh``: axis names and sizes, in mesh order.
 - ``inputs`` / ``outputs``: per leaf its path, shape, dtype, value id and spec (a list per dim
   of mesh axis names); inputs also say why they got their spec.
@@ -68,6 +69,17 @@ def _stable(x: Any) -> Any:
     return text if "0x" not in text and len(text) < 200 else type(x).__name__
 
 
+def _constant(x: Any) -> str:
+    """A literal's or closed-over constant's value (a digest; only the shape past 1 MiB)."""
+    try:
+        a = np.asarray(x)
+        if a.dtype == object or a.nbytes > 1 << 20:
+            return f"{a.dtype}{list(a.shape)}"
+        return f"{a.dtype}{list(a.shape)}:" + hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+    except Exception:  # extended dtypes (PRNG keys) and the like
+        return type(x).__name__
+
+
 def _aval(program: Program, vid: int) -> str:
     v = program.values[vid]
     return f"{v.dtype}[{','.join(map(str, v.shape))}]"
@@ -96,6 +108,7 @@ def fingerprint(program: Program) -> str:
     """
     parts: list[Any] = [list(program.input_paths), list(program.output_paths)]
     parts.append([[v, _aval(program, v)] for v in program.inputs + program.outputs])
+    parts.append([[v.id, _constant(v.literal)] for v in program.values if v.kind in ("literal", "const")])
     for op in program.all_ops:
         params = {k: _stable(p) for k, p in sorted(op.params.items())}
         parts.append([op.primitive, list(op.inputs), list(op.outputs),
@@ -244,7 +257,8 @@ class StoredPlan:
                 return f"the function's body changed at op {k}: the plan has '{a}', the function has '{b}' ({op.source})"
         if len(old) != len(new):
             return f"the function's body changed: the plan has {len(old)} ops, the function has {len(new)}"
-        return "the same inputs, outputs and ops, but other op parameters (e.g. dimension numbers or axes)"
+        return ("the same inputs, outputs and ops, but other constants or op parameters (e.g. a literal, "
+                "dimension numbers or axes)")
 
     def build(
         self, fn: Callable, args: Sequence[Any], *, static_argnums: Sequence[int] = (), strict: bool = False,

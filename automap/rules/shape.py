@@ -154,7 +154,7 @@ def _split(ctx: RuleContext, *, axis: int, **_: Any) -> FactorRule:
     return _along(ctx, {axis % ctx.operands[0].ndim})
 
 
-@register("iota")
+@register("iota", "empty2")  # empty2: uninitialised residuals (e.g. of a cond under grad)
 def _iota(ctx: RuleContext, **_: Any) -> FactorRule:
     """No operands: each result dim is its own parallel factor (computed where it lives)."""
     return einsum(ctx, "->" + letters(ctx.results[0].ndim))

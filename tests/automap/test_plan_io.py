@@ -148,6 +148,15 @@ def test_fingerprint_changes_with_the_function_and_shapes(saved):
     assert f(other_step, PARAMS, BATCH) != plan.fingerprint
     assert f(step, PARAMS, {"x": np.ones((16, 16), np.float32)}) != plan.fingerprint
     assert f(step, PARAMS, {"x": np.ones((8, 16), jnp.bfloat16)}) != plan.fingerprint
+    x = np.ones((8, 4), np.float32)
+    assert f(lambda x: x * 2, x) == f(lambda x: x * 2, x) != f(lambda x: x * 3, x)
+
+
+def test_a_changed_constant_is_named(tmp_path):
+    x = np.ones((8, 4), np.float32)
+    automap.partition(lambda x: x * 2, mesh=MESH).plan(x).save(tmp_path / "p.json")
+    with raises(PlanMismatchError, "other constants or op parameters", "replan"):
+        automap.Plan.load(tmp_path / "p.json", MESH, lambda x: x * 3, (x,))
 
 
 # ---------------------------------------------------------------------------- errors

@@ -51,9 +51,8 @@ def test_mcts_is_deterministic_for_a_seed_and_improves_on_the_root():
 
 
 GOLDEN = {  # seed -> the best plan's actions after 8 episodes (tiny scanned GPT, mesh 2x4, cpu-sim)
-    0: ["state/params/blocks/mlp/down/kernel dim 1 on 'data'", "state/params/blocks/attn/out/kernel dim 2 on 'data'"],
-    1: ["state/params/blocks/mlp/down/kernel dim 1 on 'model'", "state/params/wte/embedding dim 0 on 'data'",
-        "state/params/blocks/attn/qkv/bias dim 3 on 'data'"],
+    0: ["state/params/blocks/mlp/down/kernel dim 1 on 'data'"],
+    1: ["state/params/blocks/mlp/down/kernel dim 1 on 'model'"],
 }
 
 
@@ -93,3 +92,23 @@ def test_infeasible_budget_names_the_smallest_peak_and_the_largest_values():
     msg = str(err.value)
     assert "10.0 KiB" in msg and "smallest per-device peak explored was" in msg
     assert "state/" in msg and "Raise memory_budget" in msg
+
+
+def test_tactic_macro_actions_recover_megatron_data_parallel():
+    import tactics
+    from automap.trace import feedback_pairs
+    from tactics import PlanContext, run_schedule
+
+    w = zoo.gpt_linen(zoo.GPTConfig(layers=2, scan=True, d_model=128, heads=4, vocab=512, seq=64, batch=16))
+    t = automap.trace(w.train_step, w.abstract())
+    p = automap.lower(t.closed_jaxpr, t.in_paths, t.out_paths)
+    state_in = tuple(sorted({p.inputs[i] for i in feedback_pairs(t).values()}))
+    axes = {"data": 2, "model": 4}
+    ctx = PlanContext(p, axes, tuple(v for v in p.inputs if v not in state_in), state_in)
+    root = ShardingState.initial(p, axes)
+    topo = Topology.preset("h100-8")
+    space = search.SearchSpace(root, topology=topo, data_inputs=ctx.data_inputs, context=ctx)
+    expert = space.score(run_schedule([tactics.data_parallel("data"), tactics.megatron("model")], ctx, root).state)
+    result = search.MCTS(episodes=24, seed=0).search(space)
+    assert result.score.time_s <= expert.time_s * (1 + 1e-9)
+    assert result.actions  # and it says how it got there
