@@ -11,13 +11,12 @@ from jax import tree_util
 from jax.sharding import Mesh, NamedSharding
 
 from automap import _compat, emit
-from automap.ir.lower import lower
 from automap.ir.program import Program
 from automap.nnx_args import GraphArgs
 from automap.propagate import Reshard, reshards
 from automap.report import format_report
 from automap.shardings import ShardingState, Spec
-from automap.trace import Traced, feedback_pairs, trace
+from automap.trace import Traced
 
 
 def make_mesh(axes: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:

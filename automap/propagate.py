@@ -14,7 +14,7 @@ import dataclasses
 import math
 from typing import Iterable, Literal, Sequence
 
-from automap.ir.program import Op, Program
+from automap.ir.program import Op
 from automap.rules.registry import DimFactors, FactorRule
 from automap.shardings import Action, ShardingState, Spec
 

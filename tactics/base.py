@@ -6,7 +6,7 @@ import dataclasses
 from typing import Mapping, Protocol, Sequence
 
 from automap.ir.program import Program
-from automap.shardings import Action, ShardingState
+from automap.shardings import Action, ShardingError, ShardingState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +31,18 @@ class Tactic(Protocol):
     name: str
 
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult: ...
+
+
+def refusal(state: ShardingState, action: Action, tag: str, what: str) -> str | None:
+    """Why ``action`` cannot be taken (a note for the report), or None when it is legal. Values
+    pinned by an earlier tactic are refused: the earlier decision stands."""
+    if action.value in state.frozen:
+        return f"{tag} skips {what}: pinned by an earlier tactic"
+    try:
+        state.check_action(action)
+    except ShardingError as e:
+        return f"{tag} skips {what}: {e}"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

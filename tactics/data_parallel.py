@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 from automap.propagate import apply
-from automap.shardings import Action, ShardingError, ShardingState
-from tactics.base import PlanContext, TacticResult
+from automap.shardings import Action, ShardingState
+from tactics.base import PlanContext, TacticResult, refusal
 from tactics.flow import Flow, consumers, follow, weight_derived
 
 _BATCH_ENDS = frozenset({"reduce", "output"})
@@ -83,14 +83,10 @@ class DataParallel:
                 notes.append(f"{tag}: {program.values[vid].name} has no batch dim (every dim is contracted, "
                              "blocked or meets a weight); left whole")
         for vid, d in dims.items():
-            if vid in state.frozen:  # pinned by an earlier tactic (manual rules): it decided first
-                notes.append(f"{tag} skips {program.values[vid].name}: pinned by an earlier tactic")
-                continue
             action = Action(vid, d, self.axis)
-            try:
-                state.check_action(action)
-            except ShardingError as e:
-                notes.append(f"{tag} skips {program.values[vid].name}: {e}")
+            why_not = refusal(state, action, tag, program.values[vid].name)
+            if why_not:
+                notes.append(why_not)
                 continue
             actions.append(action)
             reasons[vid] = f"{tag}: batch dim {d}"

@@ -17,8 +17,8 @@ import dataclasses
 
 from automap.ir.program import Op, Program
 from automap.propagate import apply
-from automap.shardings import Action, ShardingError, ShardingState
-from tactics.base import PlanContext, TacticResult
+from automap.shardings import Action, ShardingState
+from tactics.base import PlanContext, TacticResult, refusal
 from tactics.flow import consumers, derived, follow
 
 
@@ -115,14 +115,10 @@ class Megatron:
         candidates, why_not = program.memo[key]
         actions, notes = [], []
         for c in candidates:
-            if c.weight in state.frozen:  # pinned by an earlier tactic (manual rules): it decided first
-                notes.append(f"megatron({self.axis!r}) skips {c.kind} {_label(program, c.op)}: pinned by an earlier tactic")
-                continue
             action = Action(c.weight, c.dim, self.axis)
-            try:
-                state.check_action(action)
-            except ShardingError as e:
-                notes.append(f"megatron({self.axis!r}) skips {c.kind} {_label(program, c.op)}: {e}")
+            why_not = refusal(state, action, f"megatron({self.axis!r})", f"{c.kind} {_label(program, c.op)}")
+            if why_not:
+                notes.append(why_not)
                 continue
             actions.append(action)
             if c.kind == "column":

@@ -23,11 +23,9 @@ import dataclasses
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from automap.zoo.train import make_workload
 from automap.zoo.workload import Workload
+from automap.zoo.mlp import regression_workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,35 +67,4 @@ def branches(cfg: BranchesConfig | None = None) -> Workload:
     (['v_a', 'v_out', 'w_a', 'w_b', 'w_out'], (2, 2))
     """
     cfg = BranchesConfig() if cfg is None else cfg
-    model = Branches(cfg)
-    x_spec = jax.ShapeDtypeStruct((cfg.batch, cfg.d_in), jnp.float32)
-    y_spec = jax.ShapeDtypeStruct((cfg.batch, cfg.d_out), jnp.float32)
-
-    def abstract_params():
-        return jax.eval_shape(lambda x: model.init(jax.random.key(0), x)["params"], x_spec)
-
-    def fill_param(names, leaf, rng):
-        if names[-1] == "bias":
-            return np.zeros(leaf.shape)
-        return rng.normal(0.0, 1.0 / np.sqrt(leaf.shape[0]), leaf.shape)
-
-    def make_batch(seed):
-        rng = np.random.default_rng([seed, 1])
-        x = rng.normal(size=x_spec.shape)
-        w = rng.normal(size=(cfg.d_in, cfg.d_out)) / np.sqrt(cfg.d_in)
-        return {"x": x, "y": np.tanh(x) @ w}
-
-    def loss_fn(params, batch):
-        pred = model.apply({"params": params}, batch["x"])
-        return jnp.mean((pred - batch["y"]) ** 2)
-
-    return make_workload(
-        "branches",
-        cfg,
-        loss_fn=loss_fn,
-        abstract_params=abstract_params,
-        fill_param=fill_param,
-        abstract_batch=lambda: {"x": x_spec, "y": y_spec},
-        make_batch=make_batch,
-        learning_rate=cfg.learning_rate,
-    )
+    return regression_workload("branches", cfg, Branches(cfg))

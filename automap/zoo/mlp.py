@@ -69,7 +69,12 @@ def mlp(cfg: MLPConfig | None = None) -> Workload:
     ((2, 4), (2, 2))
     """
     cfg = MLPConfig() if cfg is None else cfg
-    model = MLP(cfg)
+    return regression_workload(f"mlp_{len(cfg.hidden) + 1}l", cfg, MLP(cfg))
+
+
+def regression_workload(name: str, cfg, model) -> Workload:
+    """A flax module ``model`` fitting ``y = tanh(x) @ w`` (MSE loss, zoo optimizer); ``cfg`` has
+    ``d_in``, ``d_out``, ``batch`` and ``learning_rate``. Shared by the MLP and branches models."""
     x_spec = jax.ShapeDtypeStruct((cfg.batch, cfg.d_in), jnp.float32)
     y_spec = jax.ShapeDtypeStruct((cfg.batch, cfg.d_out), jnp.float32)
 
@@ -92,7 +97,7 @@ def mlp(cfg: MLPConfig | None = None) -> Workload:
         return jnp.mean((pred - batch["y"]) ** 2)
 
     return make_workload(
-        f"mlp_{len(cfg.hidden) + 1}l",
+        name,
         cfg,
         loss_fn=loss_fn,
         abstract_params=abstract_params,

@@ -14,8 +14,8 @@ comma-separated ``<modes>``:
 
 Each case plans once, runs three steps per mode (feeding the new state back in) and reports the
 losses and the distance of the final state to an unsharded ``jax.jit`` of the same step on this
-process's first local device: one JSON line per case on stdout (``{"case": ...}``), then
-``{"done": true}``.
+process's first local device: one JSON record per case on stdout (``{"case": ...}``), then
+``{"done": true}``, each on a line of its own after the marker ``MARKER`` (gloo logs on stdout too).
 """
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ import sys
 import jax
 
 STEPS = 3
+MARKER = "@automap-multihost "
+
+
+def emit(record: dict) -> None:
+    print(MARKER + json.dumps(record), flush=True)  # one write: not interleaved with gloo's logs
 
 
 def _init(process_id: int, port: int) -> None:
@@ -155,13 +160,13 @@ def main(argv: list[str]) -> int:
         "device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
-    print(json.dumps({"info": info}), flush=True)
+    emit({"info": info})
     mesh = automap.make_mesh({"data": 2, "model": 4})  # over jax.devices(): all 8, both processes
     workloads, schedules = _workloads(), _schedules()
     for wname, sname in CASES:
         result = run_case(mesh, workloads[wname], schedules[sname], modes)
-        print(json.dumps({"case": f"{wname}/{sname}", **result}), flush=True)
-    print(json.dumps({"done": True}), flush=True)
+        emit({"case": f"{wname}/{sname}", **result})
+    emit({"done": True})
     jax.distributed.shutdown()
     return 0
 

@@ -2,7 +2,7 @@
 127.0.0.1) plan and run zoo train steps on one global 2x4 mesh; both must get the single-process
 losses and state, with host arrays and with global arrays as inputs.
 
-The workers are ``tests/automap/multihost_worker.py``; each prints JSON lines on stdout.
+The workers are ``tests/automap/multihost_worker.py``; each prints JSON records on stdout.
 """
 import json
 import os
@@ -18,6 +18,7 @@ WORKER = os.path.join(ROOT, "tests", "automap", "multihost_worker.py")
 TIMEOUT_S = 120
 CASES = ("mlp/default", "mlp/dp+megatron", "gpt/dp+megatron")
 MODES = ("host", "global")
+MARKER = "@automap-multihost "  # the worker's records: MARKER + JSON on a line of its own
 
 
 def free_port() -> int:
@@ -60,7 +61,7 @@ def launch(modes: str, n: int = 2) -> list[list[dict]]:
     for i, (p, (out, err)) in enumerate(zip(procs, outputs, strict=True)):
         noise = "\n".join(line for line in err.splitlines() if "[Gloo]" not in line)
         assert p.returncode == 0, f"worker {i} exited with {p.returncode}:\n{out}\n{noise[-4000:]}"
-        records.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+        records.append([json.loads(line[line.index(MARKER) + len(MARKER):]) for line in out.splitlines() if MARKER in line])
     return records
 
 

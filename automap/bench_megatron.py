@@ -1,0 +1,346 @@
+"""Megatron-LM sharding benchmark: expert plans and automap's search on GPT-2 shaped models.
+
+    python -m automap bench megatron [--quick] [--out DIR] [--episodes N] [--topologies h100-8,h100-2x8]
+    python benchmarks/megatron.py ...            (the same)
+
+Models follow the GPT-2 / Megatron-LM scaling table (vocab 50304, seq 1024, global batch 32):
+
+=========  ======  =======  =====  ===========================================================
+config     layers  d_model  heads  note
+=========  ======  =======  =====  ===========================================================
+gpt2-s     12      768      24     GPT-2 small has 12 heads; 24 so that 8-way Megatron divides
+gpt2-m     24      1024     16
+gpt2-l     36      1280     32     GPT-2 large has 20 heads
+gpt2-xl    48      1600     32     GPT-2 XL has 25 heads
+gpt-2.5b   54      1920     24     Megatron-LM's 2.5B has 20 heads
+=========  ======  =======  =====  ===========================================================
+
+They are traced abstractly (``w.abstract()``, scanned layers) and only planned and estimated on
+the H100 presets; nothing of their size is compiled. ``--quick`` uses two tiny models that are
+also compiled on the simulated 8-device CPU mesh, so the XLA-measured columns are filled.
+
+Meshes: 8 devices as data x model 8x1, 4x2, 2x4, 1x8 (axes of size 1 are kept in the mesh; no
+tactic is given for them). Topologies: ``h100-8`` (one node, NVLink) and ``h100-2x8`` with the 8
+devices spread over its two nodes, 4 per node (an axis whose devices span both nodes gets
+InfiniBand; with 8 devices in one node the 2x8 preset would equal h100-8).
+
+Strategies (the expert ones are tactic schedules; every mesh axis of size > 1 is used where the
+strategy has a use for it):
+
+- ``data_parallel``: the batch over every mesh axis (8-way DP on every mesh)
+- ``megatron``: tensor parallelism on ``model`` only, the data axis left idle (replicated)
+- ``megatron_dp``: Megatron on ``model`` + data parallel on ``data``
+- ``fsdp``: the batch over every axis, training state sharded (ZeRO-3) over every axis
+- ``fsdp_megatron``: data parallel + FSDP on ``data``, Megatron on ``model``
+- ``automap_mcts``: no tactics, ``search.MCTS(episodes=N, seed=0)`` with the device memory as budget
+- ``automap_ilp``: ``search.ILP()`` when the package has it, else "n/a (no ILP solver yet)"
+
+Columns: estimated per-device peak memory and whether it fits the device, estimated collective
+bytes per device per step, estimated step time (compute + communication, no overlap), XLA
+figures where compiled, plan time (trace + plan + search), and the step time over the best expert
+plan that fits (the automap rows' ratio is the headline: <= 1 means automap is as good).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import os
+import sys
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+CONFIGS = {
+    "gpt2-s": dict(layers=12, d_model=768, heads=24),
+    "gpt2-m": dict(layers=24, d_model=1024, heads=16),
+    "gpt2-l": dict(layers=36, d_model=1280, heads=32),
+    "gpt2-xl": dict(layers=48, d_model=1600, heads=32),
+    "gpt-2.5b": dict(layers=54, d_model=1920, heads=24),
+}
+PAPER_HEADS = {"gpt2-s": 12, "gpt2-l": 20, "gpt2-xl": 25, "gpt-2.5b": 20}
+FULL = dict(vocab=50304, seq=1024, batch=32)
+QUICK_CONFIGS = {
+    "tiny": dict(layers=2, d_model=64, heads=8, vocab=512, seq=32, batch=16),
+    "tiny-wide": dict(layers=2, d_model=128, heads=8, vocab=512, seq=32, batch=16),
+}
+MESHES = {"8x1": (8, 1), "4x2": (4, 2), "2x4": (2, 4), "1x8": (1, 8)}
+QUICK_MESHES = ("8x1", "2x4")
+EXPERTS = ("data_parallel", "megatron", "megatron_dp", "fsdp", "fsdp_megatron")
+STRATEGIES = EXPERTS + ("automap_mcts", "automap_ilp")
+NA_ILP = "n/a (no ILP solver yet)"
+COLUMNS = ("config", "params_m", "mesh", "topology", "strategy", "mem_gib", "fits", "coll_mib", "time_ms",
+           "xla_mem_gib", "xla_coll_mib", "plan_s", "vs_best_expert", "note")
+
+
+def topology(name: str):
+    """The cost-model topology for 8 devices; ``h100-2x8`` places them 4 per node on 2 nodes."""
+    from automap.cost.topology import Level, Topology
+
+    t = Topology.preset(name)
+    if name == "h100-2x8":
+        inner, outer = t.levels
+        t = Topology("h100-2x8", t.device, (Level(4, inner.link, inner.name), Level(2, outer.link, outer.name)))
+    return t
+
+
+def strategy_tactics(name: str, axes: dict[str, int]) -> list:
+    """The tactic schedule of expert strategy ``name`` on a data x model mesh (sizes may be 1)."""
+    import tactics
+
+    big = [a for a in ("data", "model") if axes[a] > 1]
+    batch = [tactics.batch_over_all_axes()]
+    dp = [tactics.data_parallel("data")] if axes["data"] > 1 else []
+    tp = [tactics.megatron("model")] if axes["model"] > 1 else []
+    if name == "data_parallel":
+        return batch
+    if name == "megatron":
+        return tp
+    if name == "megatron_dp":
+        return dp + tp
+    if name == "fsdp":
+        return batch + [tactics.fsdp(a) for a in big]
+    if name == "fsdp_megatron":
+        return dp + tp + ([tactics.fsdp("data")] if axes["data"] > 1 else [])
+    raise ValueError(f"unknown strategy {name!r}; expected one of {EXPERTS}")
+
+
+def _coll_bytes(estimate, axes: dict[str, int]) -> int:
+    """Collective bytes per device, leaving out collectives over axes of size 1 (no traffic)."""
+    return sum(c.bytes * c.count for c in estimate.collectives if math.prod(axes[a] for a in c.axes) > 1)
+
+
+def _params(state) -> float:
+    import jax
+
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(state["params"])) / 1e6
+
+
+def _row(cfg, params_m, mesh_name, topo, strategy, plan, axes, plan_s, measured=None, note=""):
+    e = plan.estimate
+    return dict(
+        config=cfg, params_m=round(params_m, 1), mesh=mesh_name, topology=topo.name, strategy=strategy,
+        mem_gib=e.peak_memory_bytes / 2**30, fits=e.peak_memory_bytes <= topo.device.memory_bytes,
+        coll_mib=_coll_bytes(e, axes) / 2**20, time_ms=e.time_s * 1e3,
+        xla_mem_gib=None if measured is None else measured.memory_per_device / 2**30,
+        xla_coll_mib=None if measured is None else measured.collective_bytes / 2**20,
+        plan_s=plan_s, vs_best_expert=None, note=note,
+    )
+
+
+def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | None = None,
+        configs: tuple[str, ...] | None = None, meshes: tuple[str, ...] | None = None,
+        compile: bool | None = None, log=print) -> list[dict]:
+    """Run the benchmark; one row per (config, mesh, topology, strategy)."""
+    import automap
+    import search
+    from automap import zoo
+
+    shapes = QUICK_CONFIGS if quick else {k: dict(v, **FULL) for k, v in CONFIGS.items()}
+    configs = configs or tuple(shapes)
+    meshes = meshes or (QUICK_MESHES if quick else tuple(MESHES))
+    topologies = topologies or (("h100-8",) if quick else ("h100-8", "h100-2x8"))
+    compile = quick if compile is None else compile
+    topos = [topology(t) for t in topologies]
+    rows: list[dict] = []
+    for cfg in configs:
+        w = zoo.gpt_linen(zoo.GPTConfig(scan=True, **shapes[cfg]))
+        state, batch = w.abstract()
+        params_m = _params(state)
+        for mesh_name in meshes:
+            d, m = MESHES[mesh_name]
+            axes = {"data": d, "model": m}
+            mesh = automap.make_mesh(axes)
+            group: list[dict] = []
+            # expert plans: planned once, estimated under every topology
+            for strategy in EXPERTS:
+                t0 = time.perf_counter()
+                step = automap.automap(w.train_step, mesh=mesh, tactics=strategy_tactics(strategy, axes),
+                                       topology=topos[0])
+                plan = step.plan(state, batch)
+                plan_s = time.perf_counter() - t0
+                measured = automap.measure(step.lower(state, batch).compile()) if compile else None
+                for topo in topos:
+                    p = plan if topo is topos[0] else dataclasses.replace(plan, topology=topo)
+                    group.append(_row(cfg, params_m, mesh_name, topo, strategy, p, axes, plan_s, measured))
+            for topo in topos:
+                t0 = time.perf_counter()
+                step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
+                                       search=search.MCTS(episodes=episodes, seed=0))
+                plan = step.plan(state, batch)
+                plan_s = time.perf_counter() - t0
+                measured = automap.measure(step.lower(state, batch).compile()) if compile else None
+                chosen = "; ".join(n.removeprefix("search: ") for n in plan.notes if n.startswith("search: "))
+                group.append(_row(cfg, params_m, mesh_name, topo, "automap_mcts", plan, axes, plan_s, measured,
+                                  note=chosen))
+                if hasattr(search, "ILP"):
+                    t0 = time.perf_counter()
+                    step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo, search=search.ILP())
+                    plan = step.plan(state, batch)
+                    group.append(_row(cfg, params_m, mesh_name, topo, "automap_ilp", plan, axes,
+                                      time.perf_counter() - t0))
+                else:
+                    group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name, topology=topo.name,
+                                      strategy="automap_ilp", note=NA_ILP))
+            for topo in topos:
+                mine = [r for r in group if r["topology"] == topo.name and "time_ms" in r]
+                experts = [r for r in mine if r["strategy"] in EXPERTS]
+                fitting = [r for r in experts if r["fits"]] or experts
+                best = min(r["time_ms"] for r in fitting)
+                for r in mine:
+                    r["vs_best_expert"] = r["time_ms"] / best
+            rows.extend(group)
+            for r in group:
+                if r["strategy"] == "automap_mcts":
+                    log(f"{cfg:<9} {mesh_name:<4} {r['topology']:<9} automap/best expert {r['vs_best_expert']:.3f} "
+                        f"({r['time_ms']:.2f} ms, plan {r['plan_s']:.1f} s): {r['note']}")
+    return rows
+
+
+def _fmt(v, spec=".2f"):
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| config | params (M) | mesh (data x model) | topology | strategy | memory/device (GiB, est.) | fits "
+            "| collectives/device (MiB, est.) | step (ms, est.) | XLA memory (GiB) | XLA collectives (MiB) "
+            "| plan time (s) | time / best expert |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        if "time_ms" not in r:
+            lines.append(f"| {r['config']} | {r['params_m']} | {r['mesh']} | {r['topology']} | {r['strategy']} | "
+                         + " | ".join([r["note"]] + ["-"] * 7) + " |")
+            continue
+        small = r["mem_gib"] < 0.1
+        lines.append("| " + " | ".join([
+            r["config"], _fmt(r["params_m"], ".1f"), r["mesh"], r["topology"],
+            r["strategy"] + (f" ({r['note']})" if r["note"] else ""),
+            _fmt(r["mem_gib"], ".4f" if small else ".2f"), _fmt(r["fits"]),
+            _fmt(r["coll_mib"], ".3f" if small else ".1f"), _fmt(r["time_ms"], ".3f"),
+            _fmt(r["xla_mem_gib"], ".4f"), _fmt(r["xla_coll_mib"], ".3f"), _fmt(r["plan_s"], ".1f"),
+            _fmt(r["vs_best_expert"], ".3f")]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary(rows: list[dict]) -> str:
+    ratios = [r["vs_best_expert"] for r in rows if r["strategy"] == "automap_mcts"]
+    if not ratios:
+        return ""
+    wins = sum(x <= 1 + 1e-9 for x in ratios)
+    worst = max((r for r in rows if r["strategy"] == "automap_mcts"), key=lambda r: r["vs_best_expert"])
+    return (f"automap (MCTS) / best fitting expert, estimated step time: {wins}/{len(ratios)} cases <= 1.0, "
+            f"geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}, worst "
+            f"{worst['vs_best_expert']:.3f} ({worst['config']} {worst['mesh']} {worst['topology']})\n")
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: r.get(k) for k in COLUMNS})
+
+
+def plots(rows: list[dict], out: str, prefix: str = "megatron") -> list[str]:
+    """Three PNGs: memory vs mesh shape, collective bytes per strategy, automap / best expert."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if "time_ms" in r]
+    topo0 = done[0]["topology"]
+    big = max({r["config"]: r["params_m"] for r in done}.items(), key=lambda kv: kv[1])[0]
+    meshes = list(dict.fromkeys(r["mesh"] for r in done))
+    strategies = list(dict.fromkeys(r["strategy"] for r in done))
+    files = []
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for s in strategies:
+        ys = {r["mesh"]: r["mem_gib"] for r in done if r["config"] == big and r["topology"] == topo0 and r["strategy"] == s}
+        ax.plot([m for m in meshes if m in ys], [ys[m] for m in meshes if m in ys], marker="o", label=s)
+    if done[0]["mem_gib"] > 1:
+        ax.axhline(80, color="grey", ls="--", lw=1, label="H100 80 GiB")
+    ax.set_yscale("log")
+    ax.set(xlabel="mesh (data x model)", ylabel="peak memory / device (GiB, estimated)",
+           title=f"{big}: memory vs mesh shape")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    files.append(os.path.join(out, f"{prefix}_memory.png"))
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+
+    mesh0 = "2x4" if "2x4" in meshes else meshes[-1]
+    configs = list(dict.fromkeys(r["config"] for r in done))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(strategies)
+    for i, s in enumerate(strategies):
+        ys = [next((r["coll_mib"] for r in done if r["config"] == c and r["mesh"] == mesh0 and r["topology"] == topo0
+                    and r["strategy"] == s), 0) for c in configs]
+        ax.bar([j + i * width for j in range(len(configs))], ys, width, label=s)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(configs))], configs)
+    ax.set(ylabel="collective bytes / device / step (MiB, est.)", title=f"collectives per strategy, mesh {mesh0}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    files.append(os.path.join(out, f"{prefix}_collectives.png"))
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+
+    auto = [r for r in done if r["strategy"] == "automap_mcts"]
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(auto)), 4))
+    labels = [f"{r['config']} {r['mesh']}" + ("" if r["topology"] == topo0 else " 2n") for r in auto]
+    ax.bar(range(len(auto)), [r["vs_best_expert"] for r in auto],
+           color=["tab:green" if r["vs_best_expert"] <= 1 + 1e-9 else "tab:red" for r in auto])
+    ax.axhline(1.0, color="black", lw=1)
+    ax.set_xticks(range(len(auto)), labels, rotation=70, fontsize=7)
+    ax.set(ylabel="step time: automap / best expert", title="automap (MCTS) vs best fitting expert (est.)")
+    fig.tight_layout()
+    files.append(os.path.join(out, f"{prefix}_automap_vs_experts.png"))
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m automap bench megatron", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny models, meshes 8x1 and 2x4, h100-8, compiled")
+    parser.add_argument("--out", default="docs", help="folder for megatron_results.md/.csv and the PNGs")
+    parser.add_argument("--episodes", type=int, default=None, help="MCTS episodes (default 24, quick 16)")
+    parser.add_argument("--topologies", default=None, help="comma separated, e.g. h100-8,h100-2x8")
+    parser.add_argument("--configs", default=None, help=f"comma separated subset of {','.join(CONFIGS)}")
+    parser.add_argument("--meshes", default=None, help="comma separated subset of 8x1,4x2,2x4,1x8")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    split = lambda s: tuple(s.split(",")) if s else None  # noqa: E731
+    t0 = time.perf_counter()
+    rows = run(quick=args.quick, episodes=args.episodes or (16 if args.quick else 24),
+               topologies=split(args.topologies), configs=split(args.configs), meshes=split(args.meshes))
+    elapsed = time.perf_counter() - t0
+    os.makedirs(args.out, exist_ok=True)
+    table = markdown(rows)
+    text = summary(rows)
+    cmd = "python -m automap bench megatron " + " ".join(argv if argv is not None else sys.argv[1:])
+    with open(os.path.join(args.out, "megatron_results.md"), "w") as f:
+        f.write(f"Generated by `{cmd.strip()}` in {elapsed:.0f} s "
+                f"({'quick: tiny models, compiled on 8 simulated CPU devices' if args.quick else 'estimates only'})."
+                f"\n\n{table}\n{text}")
+    write_csv(rows, os.path.join(args.out, "megatron_results.csv"))
+    if not args.no_plots:
+        plots(rows, args.out)
+    print(table)
+    print(text, end="")
+    print(f"{len(rows)} rows in {elapsed:.0f} s; written to {args.out}/megatron_results.md, .csv"
+          + ("" if args.no_plots else " and megatron_*.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
