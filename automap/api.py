@@ -27,6 +27,10 @@ def make_mesh(axes: Mapping[str, int], devices: Sequence[Any] | None = None) -> 
     {'data': 1}
     """
     names = tuple(axes)
+    for n in names:
+        size = axes[n]
+        if not isinstance(size, (int,)) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"mesh axis {n!r} has size {size!r}: every mesh axis size must be an integer >= 1")
     shape = tuple(int(axes[n]) for n in names)
     need = 1
     for s in shape:
@@ -152,7 +156,9 @@ class Plan:
             )
         for path, leaf, aval in zip(self.program.input_paths, leaves, self.traced.in_avals, strict=True):
             shape, dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", None)
-            if shape != tuple(aval.shape) or (dtype is not None and jax.numpy.dtype(dtype) != aval.dtype):
+            if dtype is not None and not jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+                dtype = jax.numpy.dtype(dtype)
+            if shape != tuple(aval.shape) or (dtype is not None and dtype != aval.dtype):
                 raise ValueError(
                     f"argument '{path}' has shape {shape} and dtype {dtype}, but the plan was made for "
                     f"{tuple(aval.shape)} {aval.dtype}; pass an argument of the planned shape and dtype, or "
@@ -218,6 +224,12 @@ class Partitioned:
         self.fn = fn
         self.mesh = mesh
         self.tactics = tuple(tactics) if tactics is not None else None
+        for t in self.tactics or ():
+            if not callable(t):
+                raise TypeError(
+                    f"tactics must be tactic objects, got {t!r}: use e.g. tactics.data_parallel({t!r}) or "
+                    "tactics.manual({regex: PartitionSpec})"
+                )
         self.search = search
         self.memory_budget = memory_budget
         self.topology = topology
@@ -299,10 +311,16 @@ class Partitioned:
         abstract = [_compat_abstract(x) for x in leaves]
         return self._jitted(plan).lower(*abstract)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise TypeError(
+                f"{getattr(self.fn, '__name__', 'the function')} got keyword arguments {sorted(kwargs)}: an automap'd "
+                "function takes its arguments by position; pass them positionally"
+            )
         graph, pure, plan = self._prepare(args)
         leaves = plan.check_args(pure, self.static_argnums)
-        placed = [_place(x, s) for x, s in zip(leaves, emit.shardings(plan.state, self.mesh, plan.program.inputs), strict=True)]
+        shardings = emit.shardings(plan.state, self.mesh, plan.program.inputs)
+        placed = [_place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]
         outs = self._jitted(plan)(*placed)
         result = tree_util.tree_unflatten(plan.traced.out_tree, outs)
         return result if graph is None else graph.finish(result)  # nnx objects updated in place
@@ -314,9 +332,14 @@ def _compat_abstract(x: Any) -> jax.ShapeDtypeStruct:
     return abstractify(x)
 
 
-def _place(x: Any, sharding: NamedSharding) -> Any:
+def _place(x: Any, sharding: NamedSharding, path: str = "") -> Any:
     if isinstance(x, jax.ShapeDtypeStruct):
         raise TypeError("cannot run on jax.ShapeDtypeStruct arguments: pass arrays (use .plan() or .lower() to plan only)")
+    if isinstance(x, jax.Array) and x.is_deleted():
+        raise ValueError(
+            f"argument '{path}' was donated to an earlier call (donate_argnums) and its buffer is gone: "
+            "pass the value that call returned"
+        )
     if isinstance(x, jax.Array) and x.sharding == sharding:
         return x
     return jax.device_put(x, sharding)
