@@ -3,7 +3,9 @@
     python -m automap bench megatron [--quick] [--out DIR] [--episodes N] [--topologies h100-8,h100-2x8]
     python benchmarks/megatron.py ...            (the same)
 
-Models follow the GPT-2 / Megatron-LM scaling table (vocab 50304, seq 1024, global batch 32):
+Models follow the GPT-2 / Megatron-LM scaling table (vocab 50304, seq 1024, global batch 32,
+activation checkpointing of every layer as Megatron-LM does; without it no strategy fits GPT-2 XL
+in 80 GiB at this batch):
 
 =========  ======  =======  =====  ===========================================================
 config     layers  d_model  heads  note
@@ -16,8 +18,8 @@ gpt-2.5b   54      1920     24     Megatron-LM's 2.5B has 20 heads
 =========  ======  =======  =====  ===========================================================
 
 They are traced abstractly (``w.abstract()``, scanned layers) and only planned and estimated on
-the H100 presets; nothing of their size is compiled. ``--quick`` uses two tiny models that are
-also compiled on the simulated 8-device CPU mesh, so the XLA-measured columns are filled.
+the H100 presets; nothing of their size is compiled. ``--quick`` uses a tiny model (2 layers, d_model 64, vocab 512, seq 32,
+batch 16) compiled on the simulated 8-device CPU mesh (the XLA-measured columns) and GPT-2 small, estimated.
 
 Meshes: 8 devices as data x model 8x1, 4x2, 2x4, 1x8 (axes of size 1 are kept in the mesh; no
 tactic is given for them). Topologies: ``h100-8`` (one node, NVLink) and ``h100-2x8`` with the 8
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -60,11 +63,9 @@ CONFIGS = {
     "gpt-2.5b": dict(layers=54, d_model=1920, heads=24),
 }
 PAPER_HEADS = {"gpt2-s": 12, "gpt2-l": 20, "gpt2-xl": 25, "gpt-2.5b": 20}
-FULL = dict(vocab=50304, seq=1024, batch=32)
-QUICK_CONFIGS = {
-    "tiny": dict(layers=2, d_model=64, heads=8, vocab=512, seq=32, batch=16),
-    "tiny-wide": dict(layers=2, d_model=128, heads=8, vocab=512, seq=32, batch=16),
-}
+FULL = dict(vocab=50304, seq=1024, batch=32, remat=True)  # activation checkpointing, as Megatron-LM
+TINY = {"tiny": dict(layers=2, d_model=64, heads=8, vocab=512, seq=32, batch=16)}
+QUICK_CONFIGS = ("tiny", "gpt2-s")
 MESHES = {"8x1": (8, 1), "4x2": (4, 2), "2x4": (2, 4), "1x8": (1, 8)}
 QUICK_MESHES = ("8x1", "2x4")
 EXPERTS = ("data_parallel", "megatron", "megatron_dp", "fsdp", "fsdp_megatron")
@@ -111,6 +112,18 @@ def _coll_bytes(estimate, axes: dict[str, int]) -> int:
     return sum(c.bytes * c.count for c in estimate.collectives if math.prod(axes[a] for a in c.axes) > 1)
 
 
+def _chosen(plan) -> str:
+    """What the input shardings of ``plan`` come from (tactics and explicit actions), in order."""
+    seen: list[str] = []
+    for v in plan.program.inputs:
+        for d in range(plan.program.values[v].ndim):
+            for part in (plan.state.why(v, d) or "").split("; "):
+                part = part.removeprefix("search: ")
+                if part and part not in seen:
+                    seen.append(part)
+    return "from " + ", ".join(seen) if seen else "nothing sharded"
+
+
 def _params(state) -> float:
     import jax
 
@@ -131,23 +144,24 @@ def _row(cfg, params_m, mesh_name, topo, strategy, plan, axes, plan_s, measured=
 
 def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | None = None,
         configs: tuple[str, ...] | None = None, meshes: tuple[str, ...] | None = None,
-        compile: bool | None = None, log=print) -> list[dict]:
+        compile: bool | None = None, log=functools.partial(print, flush=True)) -> list[dict]:
     """Run the benchmark; one row per (config, mesh, topology, strategy)."""
     import automap
     import search
     from automap import zoo
+    from search.planning import MemoryBudgetError
 
-    shapes = QUICK_CONFIGS if quick else {k: dict(v, **FULL) for k, v in CONFIGS.items()}
-    configs = configs or tuple(shapes)
+    shapes = TINY | {k: dict(v, **FULL) for k, v in CONFIGS.items()}
+    configs = configs or (QUICK_CONFIGS if quick else tuple(CONFIGS))
     meshes = meshes or (QUICK_MESHES if quick else tuple(MESHES))
     topologies = topologies or (("h100-8",) if quick else ("h100-8", "h100-2x8"))
-    compile = quick if compile is None else compile
     topos = [topology(t) for t in topologies]
     rows: list[dict] = []
     for cfg in configs:
         w = zoo.gpt_linen(zoo.GPTConfig(scan=True, **shapes[cfg]))
         state, batch = w.abstract()
         params_m = _params(state)
+        compiled = cfg in TINY if compile is None else compile  # only tiny models fit the CPU
         for mesh_name in meshes:
             d, m = MESHES[mesh_name]
             axes = {"data": d, "model": m}
@@ -160,20 +174,30 @@ def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | N
                                        topology=topos[0])
                 plan = step.plan(state, batch)
                 plan_s = time.perf_counter() - t0
-                measured = automap.measure(step.lower(state, batch).compile()) if compile else None
+                measured = automap.measure(step.lower(state, batch).compile()) if compiled else None
                 for topo in topos:
                     p = plan if topo is topos[0] else dataclasses.replace(plan, topology=topo)
                     group.append(_row(cfg, params_m, mesh_name, topo, strategy, p, axes, plan_s, measured))
             for topo in topos:
                 t0 = time.perf_counter()
-                step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
-                                       search=search.MCTS(episodes=episodes, seed=0))
-                plan = step.plan(state, batch)
+                plan, tries = None, []
+                for n in (episodes, 4 * episodes):  # one retry with 4x the episodes if nothing fit
+                    step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
+                                           search=search.MCTS(episodes=n, seed=0))
+                    try:
+                        plan = step.plan(state, batch)
+                        break
+                    except MemoryBudgetError as e:
+                        tries.append(f"{n} episodes: {str(e).split('. Largest')[0]}")
                 plan_s = time.perf_counter() - t0
-                measured = automap.measure(step.lower(state, batch).compile()) if compile else None
-                chosen = "; ".join(n.removeprefix("search: ") for n in plan.notes if n.startswith("search: "))
-                group.append(_row(cfg, params_m, mesh_name, topo, "automap_mcts", plan, axes, plan_s, measured,
-                                  note=chosen))
+                if plan is None:
+                    group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name, topology=topo.name,
+                                      strategy="automap_mcts", plan_s=plan_s, note="FAILED: " + "; ".join(tries)))
+                else:
+                    measured = automap.measure(step.lower(state, batch).compile()) if compiled else None
+                    chosen = (f"{4 * episodes} episodes after a failed first try; " if tries else "") + _chosen(plan)
+                    group.append(_row(cfg, params_m, mesh_name, topo, "automap_mcts", plan, axes, plan_s, measured,
+                                      note=chosen))
                 if hasattr(search, "ILP"):
                     t0 = time.perf_counter()
                     step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo, search=search.ILP())
@@ -190,11 +214,14 @@ def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | N
                 best = min(r["time_ms"] for r in fitting)
                 for r in mine:
                     r["vs_best_expert"] = r["time_ms"] / best
-            rows.extend(group)
+            order = {t.name: i for i, t in enumerate(topos)}
+            rows.extend(sorted(group, key=lambda r: order[r["topology"]]))  # stable: strategies stay in order
             for r in group:
-                if r["strategy"] == "automap_mcts":
+                if r["strategy"] == "automap_mcts" and "time_ms" in r:
                     log(f"{cfg:<9} {mesh_name:<4} {r['topology']:<9} automap/best expert {r['vs_best_expert']:.3f} "
                         f"({r['time_ms']:.2f} ms, plan {r['plan_s']:.1f} s): {r['note']}")
+                elif r["strategy"] == "automap_mcts":
+                    log(f"{cfg:<9} {mesh_name:<4} {r['topology']:<9} automap {r['note']}")
     return rows
 
 
@@ -215,8 +242,10 @@ def markdown(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         if "time_ms" not in r:
+            fail = r["note"].startswith("FAILED")
             lines.append(f"| {r['config']} | {r['params_m']} | {r['mesh']} | {r['topology']} | {r['strategy']} | "
-                         + " | ".join([r["note"]] + ["-"] * 7) + " |")
+                         + " | ".join([r["note"]] + ["-"] * 5 + [_fmt(r.get("plan_s"), ".1f"),
+                                                                 "fail" if fail else "-"]) + " |")
             continue
         small = r["mem_gib"] < 0.1
         lines.append("| " + " | ".join([
@@ -230,14 +259,25 @@ def markdown(rows: list[dict]) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    ratios = [r["vs_best_expert"] for r in rows if r["strategy"] == "automap_mcts"]
-    if not ratios:
+    auto = [r for r in rows if r["strategy"] == "automap_mcts" and r.get("vs_best_expert") is not None]
+    failed = [r for r in rows if r["strategy"] == "automap_mcts" and r.get("vs_best_expert") is None]
+    if not auto:
         return ""
+    ratios = [r["vs_best_expert"] for r in auto]
     wins = sum(x <= 1 + 1e-9 for x in ratios)
-    worst = max((r for r in rows if r["strategy"] == "automap_mcts"), key=lambda r: r["vs_best_expert"])
-    return (f"automap (MCTS) / best fitting expert, estimated step time: {wins}/{len(ratios)} cases <= 1.0, "
-            f"geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}, worst "
-            f"{worst['vs_best_expert']:.3f} ({worst['config']} {worst['mesh']} {worst['topology']})\n")
+    worst = max(auto, key=lambda r: r["vs_best_expert"])
+    best = min(auto, key=lambda r: r["vs_best_expert"])
+    text = (f"automap (MCTS) / best fitting expert, estimated step time: {wins}/{len(ratios)} cases <= 1.0, "
+            f"geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}, best "
+            f"{best['vs_best_expert']:.3f} ({best['config']} {best['mesh']} {best['topology']}), worst "
+            f"{worst['vs_best_expert']:.3f} ({worst['config']} {worst['mesh']} {worst['topology']})")
+    unfit = [r for r in auto if not r["fits"]]
+    if unfit:
+        text += f"; {len(unfit)} automap plans do not fit the device memory"
+    if failed:
+        text += (f"; MCTS found no plan within the memory budget in {len(failed)} cases ("
+                 + ", ".join(f"{r['config']} {r['mesh']} {r['topology']}" for r in failed) + ")")
+    return text + "\n"
 
 
 def write_csv(rows: list[dict], path: str) -> None:
@@ -293,7 +333,7 @@ def plots(rows: list[dict], out: str, prefix: str = "megatron") -> list[str]:
     fig.savefig(files[-1], dpi=110)
     plt.close(fig)
 
-    auto = [r for r in done if r["strategy"] == "automap_mcts"]
+    auto = [r for r in done if r["strategy"] == "automap_mcts" and r["vs_best_expert"] is not None]
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(auto)), 4))
     labels = [f"{r['config']} {r['mesh']}" + ("" if r["topology"] == topo0 else " 2n") for r in auto]
     ax.bar(range(len(auto)), [r["vs_best_expert"] for r in auto],
@@ -311,7 +351,7 @@ def plots(rows: list[dict], out: str, prefix: str = "megatron") -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m automap bench megatron", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny models, meshes 8x1 and 2x4, h100-8, compiled")
+    parser.add_argument("--quick", action="store_true", help="tiny (compiled) + gpt2-s, meshes 8x1 and 2x4, h100-8")
     parser.add_argument("--out", default="docs", help="folder for megatron_results.md/.csv and the PNGs")
     parser.add_argument("--episodes", type=int, default=None, help="MCTS episodes (default 24, quick 16)")
     parser.add_argument("--topologies", default=None, help="comma separated, e.g. h100-8,h100-2x8")
@@ -330,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python -m automap bench megatron " + " ".join(argv if argv is not None else sys.argv[1:])
     with open(os.path.join(args.out, "megatron_results.md"), "w") as f:
         f.write(f"Generated by `{cmd.strip()}` in {elapsed:.0f} s "
-                f"({'quick: tiny models, compiled on 8 simulated CPU devices' if args.quick else 'estimates only'})."
+                f"({'quick: tiny model compiled on 8 simulated CPU devices, gpt2-s estimated' if args.quick else 'estimates only, nothing compiled'})."
                 f"\n\n{table}\n{text}")
     write_csv(rows, os.path.join(args.out, "megatron_results.csv"))
     if not args.no_plots:

@@ -6,9 +6,10 @@
 """
 from search.base import SearchResult, SearchStats, Searcher
 from search.greedy import Greedy
+from search.ilp import ILP, TooLarge
 from search.mcts import MCTS
 from search.space import GroupAction, Score, SearchSpace, TacticAction
 
 __all__ = [
-    "Greedy", "GroupAction", "MCTS", "Score", "SearchResult", "SearchSpace", "SearchStats", "Searcher", "TacticAction",
+    "Greedy", "GroupAction", "ILP", "MCTS", "Score", "SearchResult", "SearchSpace", "SearchStats", "Searcher", "TacticAction", "TooLarge",
 ]

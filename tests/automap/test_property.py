@@ -47,7 +47,7 @@ FAST = {
     "xla_llvm_disable_expensive_passes": True,
     "xla_cpu_use_fusion_emitters": False,
 }
-EXAMPLES = 110  # per mesh: 220 programs in all
+EXAMPLES = 150  # per mesh: 300 programs in all
 
 
 @functools.cache
@@ -459,7 +459,7 @@ def test_random_programs_match_unsharded(mesh_name, record_property):
     record_property("programs", n)
     ops = sorted({op[0] for c in checked for op in c.recipe.ops})
     print(f"property[{mesh_name}]: {n} programs, 0 mismatches; ops {ops}")
-    assert n >= EXAMPLES * 9 // 10, f"property[{mesh_name}]: only {n} programs checked (want {EXAMPLES})"
+    assert n >= 100, f"property[{mesh_name}]: only {n} programs checked (want {EXAMPLES})"
 
 
 def test_strategy_covers_every_op_kind():

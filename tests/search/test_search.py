@@ -112,3 +112,38 @@ def test_tactic_macro_actions_recover_megatron_data_parallel():
     result = search.MCTS(episodes=24, seed=0).search(space)
     assert result.score.time_s <= expert.time_s * (1 + 1e-9)
     assert result.actions  # and it says how it got there
+
+
+def _mlp_space(budget=None):
+    import jax.numpy as jnp
+
+    def step(params, x):
+        def loss(p):
+            return jnp.tanh(jnp.tanh(x @ p["w1"]) @ p["w2"]).sum()
+        value, g = jax.value_and_grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, g), value
+
+    args = ({"w1": jax.ShapeDtypeStruct((64, 256), jnp.float32), "w2": jax.ShapeDtypeStruct((256, 64), jnp.float32)},
+            jax.ShapeDtypeStruct((32, 64), jnp.float32))
+    t = automap.trace(step, args)
+    p = automap.lower(t.closed_jaxpr, t.in_paths, t.out_paths)
+    root = ShardingState.initial(p, {"data": 2, "model": 4})
+    groups = [(p.inputs[0],), (p.inputs[1],)]  # the two weights; the batch stays whole
+    return search.SearchSpace(root, topology=Topology.preset("cpu-sim"), groups=groups, memory_budget=budget)
+
+
+@pytest.mark.parametrize("budget", [None, 300_000])
+def test_ilp_equals_brute_force(budget):
+    from search.ilp import brute_force
+
+    best_time, _ = brute_force(_mlp_space(budget))
+    result = search.ILP().search(_mlp_space(budget))
+    assert result.score.feasible
+    assert result.score.time_s == pytest.approx(best_time, rel=1e-12)
+    mcts = search.MCTS(episodes=24, seed=0).search(_mlp_space(budget))
+    assert mcts.score.time_s <= best_time * 1.02  # the search's gap, measured
+
+
+def test_ilp_refuses_spaces_too_large():
+    with pytest.raises(search.TooLarge, match="cost evaluations"):
+        search.ILP(max_evaluations=3).search(_mlp_space())

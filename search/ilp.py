@@ -1,0 +1,141 @@
+"""An exact solver on small search spaces: an integer program over one choice per decision group.
+
+Each group chooses one option: stay as it is, or one of its legal actions at the root (tile one
+dim on one mesh axis). The cost model is evaluated for every single choice and every pair of
+choices of two groups; the step time (and the peak memory, for the budget) of a combination is
+then ``root + sum of single effects + sum of pairwise interactions``, which is exact when no three
+choices interact beyond their pairs (always, with two groups). The integer program (scipy's
+``milp``, HiGHS) minimises that time under the budget, with the usual linearisation of the pair
+products; the chosen combination is then evaluated with the real cost model, which is the score
+reported. ``max_evaluations`` bounds the size: larger spaces raise :class:`TooLarge`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+
+import numpy as np
+
+from automap.shardings import Action, ShardingError, ShardingState
+from search.base import SearchResult, SearchStats
+from search.space import GroupAction, SearchSpace
+
+
+class TooLarge(ValueError):
+    """The space needs more cost-model evaluations than the exact solver is allowed."""
+
+
+def options(space: SearchSpace) -> list[list[GroupAction | None]]:
+    """Per group: None (leave it) and each legal action of the group at the root."""
+    legal = [a for a in space.legal(space.root) if isinstance(a, GroupAction)]
+    return [[None] + [a for a in legal if a.group == g] for g in range(len(space.groups))]
+
+
+def apply_all(space: SearchSpace, choice: tuple[GroupAction | None, ...]) -> ShardingState:
+    """Apply the chosen options in group order; an option that an earlier one already decided
+    (propagation tiled that dim, or took its axis) is skipped: the earlier decision stands."""
+    state = space.root
+    for action in choice:
+        if action is None:
+            continue
+        try:
+            for v in space.groups[action.group]:
+                state.check_action(Action(v, action.dim, action.axis))
+        except ShardingError:
+            continue
+        state = space.apply(state, action)
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class ILP:
+    """The exact solver (for spaces up to ``max_evaluations`` cost-model evaluations).
+
+    >>> import search
+    >>> search.ILP().name
+    'ilp'
+    """
+
+    max_evaluations: int = 4000
+    name: str = "ilp"
+
+    def search(self, space: SearchSpace) -> SearchResult:
+        from scipy.optimize import LinearConstraint, milp
+
+        t0 = time.perf_counter()
+        opts = options(space)
+        groups = [g for g, o in enumerate(opts) if len(o) > 1]
+        needed = sum(len(opts[g]) - 1 for g in groups) + sum(
+            (len(opts[g]) - 1) * (len(opts[h]) - 1) for g, h in itertools.combinations(groups, 2)
+        )
+        if needed > self.max_evaluations:
+            raise TooLarge(f"the exact solver would need {needed} cost evaluations (max_evaluations="
+                           f"{self.max_evaluations}): use search.MCTS, or fewer decision groups")
+        base = space.score(space.root)
+        t_root, m_root = base.time_s, base.peak_bytes
+
+        def effect(*actions: GroupAction) -> tuple[float, float]:
+            choice = [None] * len(opts)
+            for a in actions:
+                choice[a.group] = a
+            s = space.score(apply_all(space, tuple(choice)))
+            return s.time_s - t_root, s.peak_bytes - m_root
+
+        # variables: x[g, option] one-hot per group, then y[pair] for pairs of non-None options
+        index: dict[tuple[int, GroupAction | None], int] = {}
+        for g in groups:
+            for o in opts[g]:
+                index[(g, o)] = len(index)
+        single = {(g, o): effect(o) for g in groups for o in opts[g][1:]}
+        pairs = []
+        for g, h in itertools.combinations(groups, 2):
+            for a in opts[g][1:]:
+                for b in opts[h][1:]:
+                    t, m = effect(a, b)
+                    pairs.append(((g, a), (h, b), t - single[(g, a)][0] - single[(h, b)][0],
+                                  m - single[(g, a)][1] - single[(h, b)][1]))
+        n = len(index) + len(pairs)
+        cost, mem = np.zeros(n), np.zeros(n)
+        for key, (t, m) in single.items():
+            cost[index[key]], mem[index[key]] = t, m
+        rows, lo, hi = [], [], []
+        for g in groups:  # one option per group
+            row = np.zeros(n)
+            for o in opts[g]:
+                row[index[(g, o)]] = 1
+            rows.append(row), lo.append(1), hi.append(1)
+        for k, (ka, kb, t, m) in enumerate(pairs):
+            y = len(index) + k
+            cost[y], mem[y] = t, m
+            for kx in (ka, kb):  # y <= x
+                row = np.zeros(n)
+                row[y], row[index[kx]] = 1, -1
+                rows.append(row), lo.append(-np.inf), hi.append(0)
+            row = np.zeros(n)  # y >= xa + xb - 1
+            row[y], row[index[ka]], row[index[kb]] = 1, -1, -1
+            rows.append(row), lo.append(-1), hi.append(np.inf)
+        if space.memory_budget is not None:
+            rows.append(mem), lo.append(-np.inf), hi.append(space.memory_budget - m_root)
+        result = milp(cost, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=np.ones(n),
+                      bounds=(0, 1))
+        choice: list[GroupAction | None] = [None] * len(opts)
+        if result.x is not None:
+            for (g, o), i in index.items():
+                if o is not None and result.x[i] > 0.5:
+                    choice[g] = o
+        state = apply_all(space, tuple(choice))
+        score = space.score(state)
+        actions = tuple(a for a in choice if a is not None)
+        stats = SearchStats(1, space.evaluations, time.perf_counter() - t0, space.eval_time_s)
+        return SearchResult(state, score, actions, stats, self.name)
+
+
+def brute_force(space: SearchSpace) -> tuple[float, tuple[GroupAction | None, ...]]:
+    """The best step time over every combination of options (for testing the solver)."""
+    best = (float("inf"), ())
+    for choice in itertools.product(*options(space)):
+        s = space.score(apply_all(space, choice))
+        if s.feasible and s.time_s < best[0]:
+            best = (s.time_s, choice)
+    return best

@@ -1,0 +1,37 @@
+"""`python -m automap bench megatron --quick` (what CI runs): one row per (config, mesh, strategy),
+automap's ratio to the best expert present, the Markdown table and the plots written."""
+import csv
+import os
+import subprocess
+import sys
+
+from automap import bench_megatron as bm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_quick_benchmark(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    out = subprocess.run([sys.executable, "-m", "automap", "bench", "megatron", "--quick", "--out", str(tmp_path)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with open(tmp_path / "megatron_results.csv") as f:
+        rows = list(csv.DictReader(f))
+    keys = [(r["config"], r["mesh"], r["strategy"]) for r in rows]
+    expected = [(c, m, s) for c in bm.QUICK_CONFIGS for m in bm.QUICK_MESHES for s in bm.STRATEGIES]
+    assert sorted(keys) == sorted(expected)
+    assert "vs_best_expert" in rows[0]
+    for r in rows:
+        if r["strategy"] == "automap_mcts":
+            assert float(r["vs_best_expert"]) > 0
+        elif r["strategy"] == "automap_ilp" and not hasattr(__import__("search"), "ILP"):
+            assert r["note"] == bm.NA_ILP
+        else:
+            assert float(r["time_ms"]) > 0 and float(r["mem_gib"]) > 0
+        if r["config"] == "tiny" and r["strategy"] in bm.EXPERTS:  # compiled: XLA figures present
+            assert r["xla_coll_mib"] != "" and float(r["xla_mem_gib"]) > 0
+    table = (tmp_path / "megatron_results.md").read_text()
+    assert "time / best expert" in table and "automap_mcts" in table
+    for name in ("memory", "collectives", "automap_vs_experts"):
+        assert (tmp_path / f"megatron_{name}.png").stat().st_size > 1000
