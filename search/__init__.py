@@ -2,7 +2,7 @@
 
 >>> import search
 >>> sorted(search.__all__)[:3]
-['Greedy', 'GroupAction', 'MCTS']
+['Greedy', 'GroupAction', 'ILP']
 """
 from search.base import SearchResult, SearchStats, Searcher
 from search.greedy import Greedy
