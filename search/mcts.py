@@ -119,6 +119,7 @@ class MCTS:
     rollout_depth: int = 2
     select_fn: SelectFn = uct_select
     rollout_fn: RolloutFn = random_rollout
+    polish_steps: int = 4  # greedy one-action improvements of the best plan after the episodes
     progress: bool | None = None  # None: a bar on a terminal when the search runs over ~2 s
     name: str = "mcts"
 
@@ -154,6 +155,17 @@ class MCTS:
                 break
         if bar is not None:
             bar.close()
+        for _ in range(self.polish_steps):  # hill-climb from the best plan: one action at a time
+            step = None
+            for action in space.legal(best_state):
+                nxt = space.apply(best_state, action)
+                got = space.score(nxt)
+                if better(got, best) and (step is None or better(got, step[2])):
+                    step = (action, nxt, got)
+            if step is None:
+                break
+            best_actions, best_state, best = best_actions + (step[0],), step[1], step[2]
+            curve.append(best.reward)
         stats = SearchStats(episodes, space.evaluations, time.perf_counter() - t0, space.eval_time_s, tuple(curve))
         return SearchResult(best_state, best, best_actions, stats, self.name)
 
