@@ -35,7 +35,8 @@ strategy has a use for it):
 - ``fsdp``: the batch over every axis, training state sharded (ZeRO-3) over every axis
 - ``fsdp_megatron``: data parallel + FSDP on ``data``, Megatron on ``model``
 - ``automap_mcts``: no tactics, ``search.MCTS(episodes=N, seed=0)`` with the device memory as budget
-- ``automap_ilp``: ``search.ILP()`` when the package has it, else "n/a (no ILP solver yet)"
+- ``automap_ilp``: ``search.ILP(max_evaluations=300)`` when the package has it (else "n/a (no ILP
+  solver yet)"); a space that needs more cost evaluations than that is reported n/a (TooLarge)
 
 Columns: estimated per-device peak memory and whether it fits the device, estimated collective
 bytes per device per step, estimated step time (compute + communication, no overlap), XLA
@@ -144,7 +145,8 @@ def _row(cfg, params_m, mesh_name, topo, strategy, plan, axes, plan_s, measured=
 
 def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | None = None,
         configs: tuple[str, ...] | None = None, meshes: tuple[str, ...] | None = None,
-        compile: bool | None = None, log=functools.partial(print, flush=True)) -> list[dict]:
+        compile: bool | None = None, ilp_evaluations: int = 300,
+        log=functools.partial(print, flush=True)) -> list[dict]:
     """Run the benchmark; one row per (config, mesh, topology, strategy)."""
     import automap
     import search
@@ -200,10 +202,17 @@ def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | N
                                       note=chosen))
                 if hasattr(search, "ILP"):
                     t0 = time.perf_counter()
-                    step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo, search=search.ILP())
-                    plan = step.plan(state, batch)
-                    group.append(_row(cfg, params_m, mesh_name, topo, "automap_ilp", plan, axes,
-                                      time.perf_counter() - t0))
+                    step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
+                                           search=search.ILP(max_evaluations=ilp_evaluations))
+                    try:
+                        plan = step.plan(state, batch)
+                        group.append(_row(cfg, params_m, mesh_name, topo, "automap_ilp", plan, axes,
+                                          time.perf_counter() - t0, note=_chosen(plan)))
+                    except (search.TooLarge, MemoryBudgetError) as e:
+                        group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name,
+                                          topology=topo.name, strategy="automap_ilp",
+                                          plan_s=time.perf_counter() - t0,
+                                          note=f"n/a ({type(e).__name__}: {str(e).split(': use')[0].split('. ')[0]})"))
                 else:
                     group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name, topology=topo.name,
                                       strategy="automap_ilp", note=NA_ILP))
@@ -357,12 +366,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topologies", default=None, help="comma separated, e.g. h100-8,h100-2x8")
     parser.add_argument("--configs", default=None, help=f"comma separated subset of {','.join(CONFIGS)}")
     parser.add_argument("--meshes", default=None, help="comma separated subset of 8x1,4x2,2x4,1x8")
+    parser.add_argument("--ilp-evaluations", type=int, default=300, help="search.ILP(max_evaluations=...)")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     split = lambda s: tuple(s.split(",")) if s else None  # noqa: E731
     t0 = time.perf_counter()
     rows = run(quick=args.quick, episodes=args.episodes or (16 if args.quick else 24),
-               topologies=split(args.topologies), configs=split(args.configs), meshes=split(args.meshes))
+               topologies=split(args.topologies), configs=split(args.configs), meshes=split(args.meshes),
+               ilp_evaluations=args.ilp_evaluations)
     elapsed = time.perf_counter() - t0
     os.makedirs(args.out, exist_ok=True)
     table = markdown(rows)

@@ -7,7 +7,8 @@ then ``root + sum of single effects + sum of pairwise interactions``, which is e
 choices interact beyond their pairs (always, with two groups). The integer program (scipy's
 ``milp``, HiGHS) minimises that time under the budget, with the usual linearisation of the pair
 products; the chosen combination is then evaluated with the real cost model, which is the score
-reported. ``max_evaluations`` bounds the size: larger spaces raise :class:`TooLarge`.
+reported, and never worse than the best combination evaluated exactly (the root, every single
+option and pair). ``max_evaluations`` bounds the size: larger spaces raise :class:`TooLarge`.
 """
 from __future__ import annotations
 
@@ -127,6 +128,17 @@ class ILP:
         state = apply_all(space, tuple(choice))
         score = space.score(state)
         actions = tuple(a for a in choice if a is not None)
+        # the pairwise model is exact only without higher-order interactions: never return worse
+        # than a combination the solver evaluated exactly (the root, every single and pair)
+        for combo in [()] + [(o,) for g in groups for o in opts[g][1:]] + [(a, b) for (ka, kb, _, _) in pairs
+                                                                            for a, b in [(ka[1], kb[1])]]:
+            choice2: list[GroupAction | None] = [None] * len(opts)
+            for a in combo:
+                choice2[a.group] = a
+            cand = apply_all(space, tuple(choice2))
+            got = space.score(cand)
+            if got.feasible and (not score.feasible or got.time_s < score.time_s):
+                state, score, actions = cand, got, tuple(combo)
         stats = SearchStats(1, space.evaluations, time.perf_counter() - t0, space.eval_time_s)
         return SearchResult(state, score, actions, stats, self.name)
 

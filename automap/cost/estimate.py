@@ -120,7 +120,7 @@ def estimate(state: ShardingState, topology: Topology | None = None, *, donated:
     ops = {op.id: op for op, _, _ in op_list}
     collectives = []
     for r in all_reshards:
-        if r.reused:
+        if r.reused or math.prod(axes[a] for a in r.axes) == 1:  # reused (CSE) or over size-1 axes: free
             continue
         op = ops[r.op]
         t = collective_time(r.kind, r.bytes, r.axes, axes, topology) * r.count

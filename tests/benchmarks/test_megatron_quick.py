@@ -25,8 +25,8 @@ def test_quick_benchmark(tmp_path):
     for r in rows:
         if r["strategy"] == "automap_mcts":
             assert float(r["vs_best_expert"]) > 0
-        elif r["strategy"] == "automap_ilp" and not hasattr(__import__("search"), "ILP"):
-            assert r["note"] == bm.NA_ILP
+        elif r["strategy"] == "automap_ilp" and r["note"].startswith("n/a"):
+            assert r["time_ms"] == ""  # no ILP solver, or the space is too large for it
         else:
             assert float(r["time_ms"]) > 0 and float(r["mem_gib"]) > 0
         if r["config"] == "tiny" and r["strategy"] in bm.EXPERTS:  # compiled: XLA figures present
