@@ -93,9 +93,30 @@ def solve_factors(
     return fax, fprio
 
 
+_SOLVED: dict[tuple, tuple] = {}
+
+
+def _solved(op: Op, state: ShardingState, specs: dict, prio: dict) -> tuple[dict[int, Axes], dict[int, int]]:
+    """:func:`solve_factors`, memoised on the op's rule and its linked values' specs and
+    priorities (identical layers and repeated propagations hit the cache)."""
+    linked = op.linked_inputs + op.linked_outputs
+    spec_key = tuple(specs.get(v) for v in linked)
+    prio_key = tuple(
+        prio.get((v, d)) for v, sp in zip(linked, spec_key) if sp is not None for d, ax in enumerate(sp) if ax
+    )
+    key = (id(op.rule), spec_key, prio_key, tuple(state.axes.items()))
+    got = _SOLVED.get(key)
+    if got is None or got[2] is not op.rule:
+        if len(_SOLVED) > 200_000:
+            _SOLVED.clear()
+        fax, fprio = solve_factors(op, state, specs, prio)
+        got = _SOLVED[key] = (fax, fprio, op.rule)
+    return got[0], got[1]
+
+
 def _project(op: Op, state: ShardingState, specs: dict, prio: dict, frozen: frozenset) -> list[int]:
     """Push the op's solved factors onto its linked values; returns the values that changed."""
-    fax, fprio = solve_factors(op, state, specs, prio)
+    fax, fprio = _solved(op, state, specs, prio)
     if not fax:
         return []
     changed = []
