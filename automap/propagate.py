@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Literal, Mapping, Sequence
 
 from automap.ir.program import Op
 from automap.rules.registry import DimFactors, FactorRule
@@ -96,15 +96,22 @@ def solve_factors(
 _SOLVED: dict[tuple, tuple] = {}
 
 
-def _solved(op: Op, state: ShardingState, specs: dict, prio: dict) -> tuple[dict[int, Axes], dict[int, int]]:
-    """:func:`solve_factors`, memoised on the op's rule and its linked values' specs and
-    priorities (identical layers and repeated propagations hit the cache)."""
+def _memo_key(op: Op, state: ShardingState, specs: Mapping, prio: Mapping) -> tuple:
+    """What an op's factor solution depends on: its rule (shared by identical layers), the specs
+    and priorities of its linked values, and the mesh (the rule object is kept in the entry, so
+    its id is not reused while the entry lives)."""
     linked = op.linked_inputs + op.linked_outputs
     spec_key = tuple(specs.get(v) for v in linked)
     prio_key = tuple(
         prio.get((v, d)) for v, sp in zip(linked, spec_key) if sp is not None for d, ax in enumerate(sp) if ax
     )
-    key = (id(op.rule), spec_key, prio_key, tuple(state.axes.items()))
+    return id(op.rule), spec_key, prio_key, tuple(state.axes.items())
+
+
+def _solved(op: Op, state: ShardingState, specs: dict, prio: dict) -> tuple[dict[int, Axes], dict[int, int]]:
+    """:func:`solve_factors`, memoised on the op's rule and its linked values' specs and
+    priorities (identical layers and repeated propagations hit the cache)."""
+    key = _memo_key(op, state, specs, prio)
     got = _SOLVED.get(key)
     if got is None or got[2] is not op.rule:
         if len(_SOLVED) > 200_000:
@@ -256,12 +263,7 @@ def _analysis(op: Op, state: ShardingState) -> tuple[dict[int, Axes], tuple]:
     """(factor axes, reshard templates) of one op, memoised on the op's rule and the specs and
     priorities of its linked values: identical layers and revisited states hit the cache."""
     specs, prio = state.specs, state.priority
-    linked = op.linked_inputs + op.linked_outputs
-    spec_key = tuple(specs.get(v) for v in linked)
-    prio_key = tuple(
-        prio.get((v, d)) for v, sp in zip(linked, spec_key) if sp is not None for d, ax in enumerate(sp) if ax
-    )
-    key = (id(op.rule), spec_key, prio_key, tuple(state.axes.items()))
+    key = _memo_key(op, state, specs, prio)
     got = _CACHE.get(key)
     if got is None or got[2] is not op.rule:
         if len(_CACHE) > 200_000:

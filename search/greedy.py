@@ -5,7 +5,19 @@ import dataclasses
 import time
 
 from search.base import SearchResult, SearchStats, better
-from search.space import SearchSpace
+from automap.shardings import ShardingState
+from search.space import Move, Score, SearchSpace
+
+
+def best_step(space: SearchSpace, state: ShardingState, score: Score) -> tuple[Move, ShardingState, Score] | None:
+    """The single legal action that improves on ``score`` most, or None."""
+    best = None
+    for action in space.legal(state):
+        child = space.apply(state, action)
+        got = space.score(child)
+        if better(got, score) and (best is None or better(got, best[2])):
+            best = (action, child, got)
+    return best
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,12 +37,7 @@ class Greedy:
         state, score, actions = space.root, space.score(space.root), ()
         curve = []
         for _ in range(self.max_steps):
-            best = None
-            for action in space.legal(state):
-                child = space.apply(state, action)
-                got = space.score(child)
-                if better(got, score) and (best is None or better(got, best[2])):
-                    best = (action, child, got)
+            best = best_step(space, state, score)
             if best is None:
                 break
             action, state, score = best

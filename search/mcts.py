@@ -18,6 +18,7 @@ import numpy as np
 
 from automap.shardings import ShardingState
 from search.base import SearchResult, SearchStats, better
+from search.greedy import best_step
 from search.space import Move, Score, SearchSpace
 
 
@@ -156,12 +157,7 @@ class MCTS:
         if bar is not None:
             bar.close()
         for _ in range(self.polish_steps):  # hill-climb from the best plan: one action at a time
-            step = None
-            for action in space.legal(best_state):
-                nxt = space.apply(best_state, action)
-                got = space.score(nxt)
-                if better(got, best) and (step is None or better(got, step[2])):
-                    step = (action, nxt, got)
+            step = best_step(space, best_state, best)
             if step is None:
                 break
             best_actions, best_state, best = best_actions + (step[0],), step[1], step[2]
