@@ -60,12 +60,26 @@ def experts(axes: dict):
     }
 
 
+def measured(w, state, axes: dict) -> tuple[int, int]:
+    """XLA-measured (collective bytes, memory per device) of the program emitted for ``state``."""
+    import jax
+
+    from automap import emit
+
+    mesh = automap.make_mesh(axes)
+    jitted = emit.compile_plan(state, mesh, pins=emit.pinned_values(state))
+    flat = jax.tree.leaves(w.abstract())
+    m = automap.measure(jitted.lower(*flat).compile())
+    return m.collective_bytes, m.memory_per_device
+
+
 def quality(args, topo) -> None:
     print("(a) quality: estimated step time, ratio MCTS / best fitting expert (<= 1 is as good or better); "
           "'vs ILP': MCTS / the exact solver's optimum over single group actions (2-layer models)")
     print(f"{'model':<14} {'mesh':<4} {'budget':<9} {'best expert':<14} {'expert ms':>9} {'mcts ms':>9} "
           f"{'ratio':>6} {'greedy':>6} {'vs ILP':>9} {'fits':>4}  plan")
     layer_set = (2,) if args.quick else (2, 12)
+    xla: list[tuple] = []
     for layers in layer_set:
         for scan in (True, False):
             for mesh_name, axes in MESHES.items():
@@ -94,11 +108,27 @@ def quality(args, topo) -> None:
                     ratio = result.score.time_s / best.time_s if best else float("nan")
                     g_ratio = greedy.score.time_s / best.time_s if best else float("nan")
                     label = f"{'scan' if scan else 'unroll'}-{layers}"
+                    if layers == 2 and best is not None and args.measure:
+                        best_state = run_schedule(experts(axes)[name], ctx, root).state
+                        cb, mb = measured(w, best_state, axes)
+                        cm, mm = measured(w, result.state, axes)
+                        xla.append((label, mesh_name, budget, cm / max(cb, 1), mm / mb, budget is None or mm <= budget))
                     btxt = "none" if budget is None else f"{budget / 2**20:.0f}MiB"
                     print(f"{label:<14} {mesh_name:<4} {btxt:<9} {name:<14} {best.time_s * 1e3 if best else 0:>9.3f} "
                           f"{result.score.time_s * 1e3:>9.3f} {ratio:>6.3f} {g_ratio:>6.3f} {ilp_txt:>9} "
                           f"{'yes' if result.score.feasible else 'NO':>4}  {', '.join(result.describe(space))}",
                           flush=True)
+    _print_measured(xla)
+
+
+def _print_measured(xla: list[tuple]) -> None:
+    if not xla:
+        return
+    print("    XLA-measured, MCTS plan / best fitting expert plan (2-layer models, compiled on 8 CPU devices):")
+    for label, mesh_name, budget, coll, mem, fits in xla:
+        btxt = "none" if budget is None else f"{budget / 2**20:.0f}MiB"
+        print(f"    {label:<10} {mesh_name:<4} {btxt:<7} collective bytes {coll:6.3f}  memory/device {mem:6.3f}"
+              f"  within budget: {'yes' if fits else 'NO'}")
 
 
 def recovery(args, topo) -> None:
@@ -141,6 +171,7 @@ def main() -> int:
     parser.add_argument("--episodes", type=int, default=48)
     parser.add_argument("--topology", default="h100-8")
     parser.add_argument("--parts", default="abc")
+    parser.add_argument("--measure", action="store_true", help="(a): also compile and measure 2-layer plans")
     args = parser.parse_args()
     topo = Topology.preset(args.topology)
     if "a" in args.parts:
