@@ -385,7 +385,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"\n\n{table}\n{text}")
     write_csv(rows, os.path.join(args.out, "megatron_results.csv"))
     if not args.no_plots:
-        plots(rows, args.out)
+        try:
+            plots(rows, args.out)
+        except ImportError:
+            print("matplotlib is not installed: no plots (pip install -e '.[notebooks]', or pass --no-plots)")
+            args.no_plots = True
     print(table)
     print(text, end="")
     print(f"{len(rows)} rows in {elapsed:.0f} s; written to {args.out}/megatron_results.md, .csv"
