@@ -16,7 +16,7 @@ from automap.nnx_args import GraphArgs
 from automap.propagate import Reshard, reshards
 from automap.report import format_report
 from automap.shardings import ShardingState, Spec
-from automap.trace import Traced
+from automap.trace import abstractify, Traced
 
 
 def make_mesh(axes: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
@@ -308,7 +308,7 @@ class Partitioned:
         """The ``jax.stages.Lowered`` of exactly what ``__call__`` runs."""
         _, pure, plan = self._prepare(args)
         leaves = plan.check_args(pure, self.static_argnums)
-        abstract = [_compat_abstract(x) for x in leaves]
+        abstract = [abstractify(x) for x in leaves]
         return self._jitted(plan).lower(*abstract)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -324,12 +324,6 @@ class Partitioned:
         outs = self._jitted(plan)(*placed)
         result = tree_util.tree_unflatten(plan.traced.out_tree, outs)
         return result if graph is None else graph.finish(result)  # nnx objects updated in place
-
-
-def _compat_abstract(x: Any) -> jax.ShapeDtypeStruct:
-    from automap.trace import abstractify
-
-    return abstractify(x)
 
 
 def _place(x: Any, sharding: NamedSharding, path: str = "") -> Any:

@@ -38,7 +38,7 @@ def derived(program: Program, state_inputs: Iterable[int]) -> tuple[set[int], se
         changed = False
         for op in program.all_ops:
             if op.regions:
-                for region, outer in _region_inputs(op):
+                for outer, region in region_links(op):
                     for src, dst in ((known, known), (constant, constant)):
                         if outer in src and region not in dst:
                             dst.add(region)
@@ -52,15 +52,21 @@ def derived(program: Program, state_inputs: Iterable[int]) -> tuple[set[int], se
     return known, constant
 
 
-def _region_inputs(op: Op) -> list[tuple[int, int]]:
-    """(region input, outer operand) pairs of a control-flow op whose input maps one to one."""
-    pairs = []
+def region_links(op: Op) -> list[tuple[int, int]]:
+    """(outer operand, region input) pairs of a control-flow op (see ``automap.ir.lower``)."""
     if op.primitive == "scan":
-        pairs = list(zip(op.regions[0].inputs, op.inputs, strict=True))
-    elif op.primitive == "cond":
-        for region in op.regions:
-            pairs += list(zip(region.inputs, op.inputs[1:], strict=True))
-    return pairs
+        return list(zip(op.inputs, op.regions[0].inputs, strict=True))
+    if op.primitive == "cond":
+        return [(o, r.inputs[i]) for r in op.regions for i, o in enumerate(op.inputs[1:])]
+    if op.primitive == "while":
+        cond, body = op.regions
+        cn, bn = op.params["cond_nconsts"], op.params["body_nconsts"]
+        carries = op.inputs[cn + bn:]
+        pairs = list(zip(op.inputs[:cn], cond.inputs[:cn], strict=True))
+        pairs += list(zip(op.inputs[cn:cn + bn], body.inputs[:bn], strict=True))
+        pairs += list(zip(carries, cond.inputs[cn:], strict=True)) + list(zip(carries, body.inputs[bn:], strict=True))
+        return pairs
+    return []
 
 
 @dataclasses.dataclass(frozen=True)

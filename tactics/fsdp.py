@@ -32,12 +32,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from automap.ir.program import Op, Program
+from automap.ir.program import Program
 from automap.propagate import apply
 from automap.shardings import Action, ShardingError, ShardingState
 from tactics.base import PlanContext, TacticResult
 from tactics.data_parallel import DataParallel
-from tactics.flow import consumers
+from tactics.flow import consumers, region_links
 
 Stage = Literal[1, 2, 3]
 Dim = tuple[int, int]  # (value id, dim)
@@ -50,23 +50,6 @@ class StateRoles:
     params: tuple[int, ...]
     opt_state: tuple[int, ...]
     grads: tuple[int, ...]
-
-
-def _region_links(op: Op) -> list[tuple[int, int]]:
-    """(outer operand, region input) pairs of a control-flow op (see ``automap.ir.lower``)."""
-    if op.primitive == "scan":
-        return list(zip(op.inputs, op.regions[0].inputs, strict=True))
-    if op.primitive == "cond":
-        return [(o, r.inputs[i]) for r in op.regions for i, o in enumerate(op.inputs[1:])]
-    if op.primitive == "while":
-        cond, body = op.regions
-        cn, bn = op.params["cond_nconsts"], op.params["body_nconsts"]
-        carries = op.inputs[cn + bn:]
-        pairs = list(zip(op.inputs[:cn], cond.inputs[:cn], strict=True))
-        pairs += list(zip(op.inputs[cn:cn + bn], body.inputs[:bn], strict=True))
-        pairs += list(zip(carries, cond.inputs[cn:], strict=True)) + list(zip(carries, body.inputs[bn:], strict=True))
-        return pairs
-    return []
 
 
 def state_roles(ctx: PlanContext) -> StateRoles:
@@ -94,7 +77,7 @@ def state_roles(ctx: PlanContext) -> StateRoles:
 def _state_roles(ctx: PlanContext) -> StateRoles:
     program = ctx.program
     users = consumers(program)
-    links = {op.id: _region_links(op) for op in program.all_ops if op.regions}
+    links = {op.id: region_links(op) for op in program.all_ops if op.regions}
 
     def forward_read(vid: int, seen: set[int]) -> bool:
         if vid in seen:
