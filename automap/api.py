@@ -195,7 +195,7 @@ class Partitioned:
         *,
         mesh: Mesh,
         tactics: Sequence[Any] | None = None,
-        search: Any = None,
+        search: Any = "auto",
         memory_budget: int | str | None = None,
         topology: Any = None,
         donate_argnums: Sequence[int] = (),
@@ -230,6 +230,11 @@ class Partitioned:
                     f"tactics must be tactic objects, got {t!r}: use e.g. tactics.data_parallel({t!r}) or "
                     "tactics.manual({regex: PartitionSpec})"
                 )
+        if not (search is None or search == "auto" or callable(getattr(search, "search", None))):
+            raise TypeError(
+                f"search must be a searcher (search.MCTS(), search.Greedy(), search.ILP()), 'auto' or None, "
+                f"got {search!r}"
+            )
         self.search = search
         self.memory_budget = memory_budget
         self.topology = topology
@@ -342,8 +347,11 @@ def _place(x: Any, sharding: NamedSharding, path: str = "") -> Any:
 def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
     """Partition ``fn`` over ``mesh`` automatically; use as ``@automap.automap(mesh=mesh)``.
 
-    Keywords: ``tactics`` (a list of tactics applied in order; default: shard the batch over
-    every mesh axis that divides it), ``search``, ``memory_budget``, ``topology``,
+    Keywords: ``tactics`` (a list of tactics applied in order), ``search`` (default ``"auto"``:
+    with no tactics, ``search.MCTS()`` over every mesh axis, minimising the estimated step time
+    under ``memory_budget``, which defaults to the topology's device memory; with tactics, a
+    search fills the mesh axes they leave unused; ``None``: no search, and without tactics the
+    batch is sharded over every mesh axis that divides it), ``memory_budget``, ``topology``,
     ``donate_argnums``, ``static_argnums``, ``strict`` (error on primitives without a rule),
     ``pins`` (which intermediates get sharding constraints), ``plan`` (a fixed Plan, or a plan
     file's path / :meth:`Plan.load` result: no tactics or search run, the stored specs are used

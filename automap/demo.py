@@ -1,7 +1,8 @@
 """``python -m automap demo``: a zoo GPT train step on 8 simulated CPU devices, mesh 2x4.
 
-Plans it twice (the built-in default: batch over every mesh axis; and Megatron tensor
-parallelism given as manual regex rules on the parameters plus the batch on ``data``), prints
+Plans it three times (the default: an MCTS search over both mesh axes under the device memory;
+the batch over every mesh axis, with no search; and Megatron tensor parallelism given as
+manual regex rules on the parameters plus the batch on ``data``), prints
 each plan's report, compiles both and prints what XLA compiled (collectives, memory per device),
 and checks the loss against the unsharded step.
 """
@@ -69,11 +70,12 @@ def main(argv: Sequence[str] = ()) -> int:
     ref = float(ref_loss)
     rows, ok = [], True
     plans = [
-        ("default (batch)", None),
-        ("megatron (manual)", [tactics.manual(megatron_rules(cfg.scan))]),
+        ("default (search)", {}),
+        ("batch (no search)", {"search": None}),
+        ("megatron (manual)", {"tactics": [tactics.manual(megatron_rules(cfg.scan))]}),
     ]
-    for name, schedule in plans:
-        step = automap.automap(workload.train_step, mesh=mesh, tactics=schedule)
+    for name, options in plans:
+        step = automap.automap(workload.train_step, mesh=mesh, **options)
         t0 = time.perf_counter()
         plan = step.plan(state, batch)
         plan_s = time.perf_counter() - t0

@@ -36,6 +36,33 @@ def donated_inputs(
     return frozenset(v for v, a in zip(program.inputs, traced.leaf_arg, strict=True) if a in donated_args)
 
 
+def resolve_topology(topology: Any) -> Any:
+    """A preset name becomes its :class:`~automap.cost.Topology`; None and Topology pass."""
+    if isinstance(topology, str):
+        from automap.cost import Topology
+
+        return Topology.preset(topology)
+    return topology
+
+
+def default_search(tactics: Sequence[Any] | None, axes: dict[str, int]) -> Any:
+    """``search="auto"``: with no tactics, MCTS over every mesh axis; with tactics, a search
+    only if they leave a mesh axis unused (decided after they ran: ``"auto-fill"``)."""
+    import search
+
+    if not any(n > 1 for n in axes.values()):
+        return None  # nothing to decide on a single device
+    return search.MCTS() if tactics is None else "auto-fill"
+
+
+def _fill_search(state: ShardingState) -> Any:
+    import search
+
+    used = {a for spec in state.specs.values() for dim in spec for a in dim}
+    free = [a for a, n in state.axes.items() if n > 1 and a not in used]
+    return search.MCTS() if free else None
+
+
 def make_plan(
     fn: Callable,
     args: Sequence[Any],
@@ -47,7 +74,7 @@ def make_plan(
     pins: emit.PinPolicy = "anchors",
     topology: Any = None,
     donate_argnums: Sequence[int] = (),
-    search: Any = None,
+    search: Any = "auto",
     memory_budget: Any = None,
 ) -> Any:
     from automap.api import Plan
@@ -59,11 +86,19 @@ def make_plan(
     state_inputs = tuple(sorted({program.inputs[i] for i in pairs.values()}))
     data_inputs = tuple(v for v in program.inputs if v not in set(state_inputs))
     ctx = PlanContext(program, axes, data_inputs, state_inputs)
-    schedule = list(tactics) if tactics is not None else [batch_over_all_axes()]
+    topology = resolve_topology(topology)
+    if search == "auto":
+        search = default_search(tactics, axes)
+    if tactics is not None:
+        schedule = list(tactics)
+    else:  # no tactics: the search decides everything; without a search, the batch tactic
+        schedule = [] if search is not None else [batch_over_all_axes()]
     result = run_schedule(schedule, ctx, ShardingState.initial(program, axes))
     state = result.state
     notes = result.notes
     donated = donated_inputs(program, traced, len(args), static_argnums, donate_argnums)
+    if search == "auto-fill":
+        search = _fill_search(state)
     if search is not None:  # fill what the tactics left open
         from search.planning import run_search
 

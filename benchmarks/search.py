@@ -78,7 +78,7 @@ def quality(args, topo) -> None:
           "'vs ILP': MCTS / the exact solver's optimum over single group actions (2-layer models)")
     print(f"{'model':<14} {'mesh':<4} {'budget':<9} {'best expert':<14} {'expert ms':>9} {'mcts ms':>9} "
           f"{'ratio':>6} {'greedy':>6} {'vs ILP':>9} {'fits':>4}  plan")
-    layer_set = (2,) if args.quick else (2, 12)
+    layer_set = (2,) if args.quick else tuple(int(n) for n in args.layers.split(","))
     xla: list[tuple] = []
     for layers in layer_set:
         for scan in (True, False):
@@ -171,6 +171,7 @@ def main() -> int:
     parser.add_argument("--episodes", type=int, default=48)
     parser.add_argument("--topology", default="h100-8")
     parser.add_argument("--parts", default="abc")
+    parser.add_argument("--layers", default="2,12", help="(a): model depths, comma-separated")
     parser.add_argument("--measure", action="store_true", help="(a): also compile and measure 2-layer plans")
     args = parser.parse_args()
     topo = Topology.preset(args.topology)

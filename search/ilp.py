@@ -6,9 +6,12 @@ choices of two groups; the step time (and the peak memory, for the budget) of a 
 then ``root + sum of single effects + sum of pairwise interactions``, which is exact when no three
 choices interact beyond their pairs (always, with two groups). The integer program (scipy's
 ``milp``, HiGHS) minimises that time under the budget, with the usual linearisation of the pair
-products; the chosen combination is then evaluated with the real cost model, which is the score
-reported, and never worse than the best combination evaluated exactly (the root, every single
-option and pair). ``max_evaluations`` bounds the size: larger spaces raise :class:`TooLarge`.
+products. Every solution is evaluated with the real cost model; one that is over the budget or
+slower than the model said is cut off (a no-good cut) and the program solved again, until the
+model's optimum is no better than the best real plan. The result is never worse than any
+combination evaluated exactly (the root, every single option and pair), and it fits the budget
+whenever one of those or a solution does. ``max_evaluations`` bounds the size: larger spaces
+raise :class:`TooLarge`.
 """
 from __future__ import annotations
 
@@ -59,6 +62,7 @@ class ILP:
     """
 
     max_evaluations: int = 4000
+    max_rounds: int = 64  # integer programs solved, each cutting off a plan the real model rejects
     name: str = "ilp"
 
     def search(self, space: SearchSpace) -> SearchResult:
@@ -77,10 +81,7 @@ class ILP:
         t_root, m_root = base.time_s, base.peak_bytes
 
         def effect(*actions: GroupAction) -> tuple[float, float]:
-            choice = [None] * len(opts)
-            for a in actions:
-                choice[a.group] = a
-            s = space.score(apply_all(space, tuple(choice)))
+            s = space.score(apply_all(space, _choice(len(opts), actions)))
             return s.time_s - t_root, s.peak_bytes - m_root
 
         # variables: x[g, option] one-hot per group, then y[pair] for pairs of non-None options
@@ -118,28 +119,35 @@ class ILP:
             rows.append(row), lo.append(-1), hi.append(np.inf)
         if space.memory_budget is not None:
             rows.append(mem), lo.append(-np.inf), hi.append(space.memory_budget - m_root)
-        result = milp(cost, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=np.ones(n),
-                      bounds=(0, 1))
-        choice: list[GroupAction | None] = [None] * len(opts)
-        if result.x is not None:
-            for (g, o), i in index.items():
-                if o is not None and result.x[i] > 0.5:
-                    choice[g] = o
-        state = apply_all(space, tuple(choice))
-        score = space.score(state)
-        actions = tuple(a for a in choice if a is not None)
-        # the pairwise model is exact only without higher-order interactions: never return worse
-        # than a combination the solver evaluated exactly (the root, every single and pair)
-        for combo in [()] + [(o,) for g in groups for o in opts[g][1:]] + [(a, b) for (ka, kb, _, _) in pairs
-                                                                            for a, b in [(ka[1], kb[1])]]:
-            choice2: list[GroupAction | None] = [None] * len(opts)
-            for a in combo:
-                choice2[a.group] = a
-            cand = apply_all(space, tuple(choice2))
+        # the pairwise model is exact only without higher-order interactions: start from the best
+        # combination evaluated exactly (the root, every single option and pair), then solve;
+        # a solution that the real cost model finds over budget or no better is cut off
+        # (a no-good cut on its one-hot assignment) and the program solved again
+        state, score, actions = space.root, base, ()
+        for combo in [(o,) for g in groups for o in opts[g][1:]] + [(ka[1], kb[1]) for ka, kb, _, _ in pairs]:
+            cand = apply_all(space, _choice(len(opts), combo))
             got = space.score(cand)
-            if got.feasible and (not score.feasible or got.time_s < score.time_s):
+            if _improves(got, score):
                 state, score, actions = cand, got, tuple(combo)
-        stats = SearchStats(1, space.evaluations, time.perf_counter() - t0, space.eval_time_s)
+        rounds = 0
+        for rounds in range(1, self.max_rounds + 1):
+            result = milp(cost, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=np.ones(n),
+                          bounds=(0, 1))
+            if result.x is None:
+                break  # no combination left that the model thinks fits
+            chosen = [(g, o) for (g, o), i in index.items() if result.x[i] > 0.5]
+            combo = tuple(o for _, o in chosen if o is not None)
+            cand = apply_all(space, _choice(len(opts), combo))
+            got = space.score(cand)
+            if _improves(got, score):
+                state, score, actions = cand, got, combo
+            if score.feasible and t_root + result.fun >= score.time_s * (1 - 1e-9):
+                break  # the model's optimum is no better than the best real plan: done
+            row = np.zeros(n)  # no-good cut: never this assignment again
+            for key in chosen:
+                row[index[key]] = 1
+            rows.append(row), lo.append(-np.inf), hi.append(len(chosen) - 1)
+        stats = SearchStats(rounds, space.evaluations, time.perf_counter() - t0, space.eval_time_s)
         return SearchResult(state, score, actions, stats, self.name)
 
 
@@ -151,3 +159,17 @@ def brute_force(space: SearchSpace) -> tuple[float, tuple[GroupAction | None, ..
         if s.feasible and s.time_s < best[0]:
             best = (s.time_s, choice)
     return best
+
+
+def _choice(n_groups: int, combo: tuple[GroupAction, ...]) -> tuple[GroupAction | None, ...]:
+    choice: list[GroupAction | None] = [None] * n_groups
+    for a in combo:
+        choice[a.group] = a
+    return tuple(choice)
+
+
+def _improves(got, best) -> bool:
+    """Feasible beats infeasible; among feasible plans, the faster (ties: the first found)."""
+    if got.feasible != best.feasible:
+        return got.feasible
+    return got.time_s < best.time_s if got.feasible else got.peak_bytes < best.peak_bytes

@@ -52,13 +52,14 @@ def _workloads():
 def _schedules():
     import tactics
 
-    return {
-        "default": None,
-        "dp+megatron": [tactics.data_parallel("data"), tactics.megatron("model")],
+    return {  # keyword arguments of automap.automap
+        "batch": {"search": None},  # no search: the batch over every mesh axis
+        "search": {},  # the default: MCTS, which every process must run to the same plan
+        "dp+megatron": {"tactics": [tactics.data_parallel("data"), tactics.megatron("model")]},
     }
 
 
-CASES = (("mlp", "default"), ("mlp", "dp+megatron"), ("gpt", "dp+megatron"))
+CASES = (("mlp", "batch"), ("mlp", "search"), ("mlp", "dp+megatron"), ("gpt", "dp+megatron"))
 
 
 def _host(tree):
@@ -108,7 +109,7 @@ def _close(got, want) -> float:
     )
 
 
-def run_case(mesh, workload, schedule, modes) -> dict:
+def run_case(mesh, workload, options, modes) -> dict:
     """Plan once, then run STEPS steps from the same initial state in each input style."""
     import automap
 
@@ -122,7 +123,7 @@ def run_case(mesh, workload, schedule, modes) -> dict:
         ref_losses.append(float(loss))
     ref_state = _host(ref_state)
 
-    step = automap.automap(workload.train_step, mesh=mesh, tactics=schedule)
+    step = automap.automap(workload.train_step, mesh=mesh, **options)
     plan = step.plan(state, batch)  # computed here, from the function and shapes alone
     want = jax.tree.leaves(plan.in_shardings)
     out = {"ref_losses": ref_losses, "in_specs": [str(s.spec) for s in want]}

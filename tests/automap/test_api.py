@@ -126,7 +126,7 @@ def test_call_rejects_abstract_arguments():
 # ---------------------------------------------------------------------------- the plan
 
 def test_plan_shardings_are_pytrees_of_named_shardings():
-    plan = automap.partition(step, mesh=MESH).plan(PARAMS, batch())
+    plan = automap.partition(step, mesh=MESH, search=None).plan(PARAMS, batch())
     params_s, batch_s = plan.in_shardings
     assert set(params_s) == {"w1", "w2"} and set(batch_s) == {"x", "y"}
     assert all(isinstance(s, NamedSharding) and s.mesh == MESH for s in jax.tree.leaves(plan.in_shardings))
@@ -148,9 +148,9 @@ def test_plan_shardings_are_pytrees_of_named_shardings():
     ({"a": 2, "b": 2, "c": 2}, 4, ("a", "b")),
     ({"one": 1, "data": 8}, 8, ("data",)),  # size-one axes are skipped
 ])
-def test_default_plan_shards_the_batch_over_axes_that_divide_it(axes, n, want):
+def test_without_search_the_batch_is_sharded_over_axes_that_divide_it(axes, n, want):
     mesh = automap.make_mesh(axes)
-    plan = automap.partition(step, mesh=mesh).plan(PARAMS, batch(n))
+    plan = automap.partition(step, mesh=mesh, search=None).plan(PARAMS, batch(n))
     for name in ("x", "y"):
         pspec = P() if not want else P(want[0]) if len(want) == 1 else P(want)
         assert plan.in_shardings[1][name].spec == pspec

@@ -140,7 +140,7 @@ def test_missing_rule_inside_a_scan_body_in_strict_mode():
 
 def test_missing_rule_otherwise_warns_and_replicates_around_it():
     w, x = np.eye(16, dtype=np.float32), np.arange(128, dtype=np.float32).reshape(8, 16)
-    f = automap.partition(_uses_mystery, mesh=MESH)
+    f = automap.partition(_uses_mystery, mesh=MESH, search=None)
     with pytest.warns(MissingRuleWarning, match=rf"'automap_test_mystery' \(at .*test_errors.py:{MYSTERY_LINE}.*register"):
         plan = f.plan(w, x)
     (op,) = [op for op in plan.program.all_ops if op.primitive == "automap_test_mystery"]

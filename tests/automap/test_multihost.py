@@ -16,7 +16,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "automap", "multihost_worker.py")
 TIMEOUT_S = 120
-CASES = ("mlp/default", "mlp/dp+megatron", "gpt/dp+megatron")
+CASES = ("mlp/batch", "mlp/search", "mlp/dp+megatron", "gpt/dp+megatron")
 MODES = ("host", "global")
 MARKER = "@automap-multihost "  # the worker's records: MARKER + JSON on a line of its own
 
@@ -109,7 +109,7 @@ def test_global_arrays_in_another_layout_are_resharded(results):
         rec = _case(recs, "gpt/dp+megatron")
         assert rec["global"]["inputs_global"] and rec["global"]["inputs_resharded"] > 0
         assert any("model" in s for s in rec["in_specs"])
-        # the default plan is exactly the layout built: nothing to reshard
-        rec = _case(recs, "mlp/default")
+        # the batch plan is exactly the layout built: nothing to reshard
+        rec = _case(recs, "mlp/batch")
         assert rec["global"]["inputs_global"] and rec["global"]["inputs_resharded"] == 0
         assert not rec["host"]["inputs_global"]

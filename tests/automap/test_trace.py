@@ -101,7 +101,7 @@ def test_huge_shape_dtype_struct_plans_without_allocating():
 
     mesh = automap.make_mesh({"data": 2, "model": 4})
     big = sds(2**20, 2**20)
-    plan = automap.partition(lambda x: (x * 2).sum(1), mesh=mesh).plan(big)
+    plan = automap.partition(lambda x: (x * 2).sum(1), mesh=mesh, search=None).plan(big)
     assert plan.state.spec(plan.program.inputs[0]) == (("data", "model"), ())
     assert plan.state.bytes_per_device(plan.program.inputs[0]) == 2**40 * 4 // 8
 

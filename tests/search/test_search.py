@@ -148,3 +148,38 @@ def test_ilp_equals_brute_force(budget):
 def test_ilp_refuses_spaces_too_large():
     with pytest.raises(search.TooLarge, match="cost evaluations"):
         search.ILP(max_evaluations=3).search(_mlp_space())
+
+
+def _mlp_workload():
+    return zoo.mlp(zoo.MLPConfig(d_in=16, hidden=(64, 64), d_out=8, batch=16))
+
+
+def test_the_default_plan_is_the_search_over_every_mesh_axis():
+    w = _mlp_workload()
+    mesh = automap.make_mesh({"data": 2, "model": 4})
+    default = automap.automap(w.train_step, mesh=mesh).plan(*w.abstract())
+    explicit = automap.automap(w.train_step, mesh=mesh, tactics=[], search=search.MCTS()).plan(*w.abstract())
+    assert default.state.specs == explicit.state.specs
+    (note,) = [n for n in default.notes if n.startswith("search mcts")]
+    assert "budget 4.0 GiB" in note  # the default budget: the topology's device memory (cpu-sim)
+    batch = automap.automap(w.train_step, mesh=mesh, search=None).plan(*w.abstract())
+    assert not any(n.startswith("search") for n in batch.notes)
+    assert default.estimate.time_s <= batch.estimate.time_s
+
+
+def test_with_tactics_the_search_fills_only_unused_axes():
+    import tactics
+
+    w = _mlp_workload()
+    mesh = automap.make_mesh({"data": 2, "model": 4})
+    full = automap.automap(w.train_step, mesh=mesh, tactics=[tactics.data_parallel("data"), tactics.megatron("model")])
+    assert not any(n.startswith("search") for n in full.plan(*w.abstract()).notes)
+    part = automap.automap(w.train_step, mesh=mesh, tactics=[tactics.data_parallel("data")]).plan(*w.abstract())
+    assert any(n.startswith("search mcts") for n in part.notes)
+    x = part.program.inputs[part.program.input_paths.index("batch/x")]
+    assert part.state.spec(x)[0][0] == "data"  # the tactic's decision stands
+
+
+def test_search_must_be_a_searcher():
+    with pytest.raises(TypeError, match="search must be a searcher"):
+        automap.automap(lambda x: x, mesh=automap.make_mesh({"data": 2}), search="mcts")

@@ -135,7 +135,7 @@ def _unpaired(fn: Callable) -> Callable:
 def partition(r: Row) -> tuple[automap.Partitioned, list[Any]]:
     rules = {f"^{re.escape(path)}$": spec for path, spec in r.specs.items()}
     schedule = [tactics.manual(rules)] if rules else []
-    step = automap.partition(_unpaired(r.fn), mesh=mesh(r.mesh), tactics=schedule, strict=r.strict, pins="all")
+    step = automap.partition(_unpaired(r.fn), mesh=mesh(r.mesh), tactics=schedule, search=None, strict=r.strict, pins="all")
     return step, materialize(r.args)
 
 
