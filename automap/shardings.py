@@ -9,12 +9,13 @@ earlier one wins and the other becomes a resharding collective.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Iterable, Mapping
 
 from jax.sharding import PartitionSpec
 
-from automap.ir.program import Program
+from automap.ir.program import Program, Value
 
 Spec = tuple[tuple[str, ...], ...]
 
@@ -69,37 +70,72 @@ class ShardingState:
         return self.program.values[vid].nbytes // self.shards(vid)
 
     def key(self) -> frozenset:
-        """Hashable identity of the assignment (for transposition tables)."""
-        return frozenset(self.specs.items())
+        """Hashable identity of the assignment (for transposition tables); computed once, as a
+        state's specs do not change after it is made."""
+        got = self.memo.get("key")
+        if got is None:
+            got = self.memo["key"] = frozenset(self.specs.items())
+        return got
+
+    def inherit_key(self, parent: "ShardingState", changed: Iterable[int]) -> None:
+        """Derive :meth:`key` from ``parent``'s, if that is known, for a state whose specs differ
+        from ``parent``'s only at the values in ``changed`` (cheaper than hashing every spec)."""
+        parent_key = parent.memo.get("key")
+        if parent_key is None or "key" in self.memo:
+            return
+        changed = list(changed)
+        removed = [(v, parent.specs[v]) for v in changed if v in parent.specs]
+        added = [(v, self.specs[v]) for v in changed if v in self.specs]
+        self.memo["key"] = parent_key.difference(removed).union(added)
+
+    @functools.cached_property
+    def memo(self) -> dict:
+        """Data derived from this state, computed once (its key, the cost model's analysis)."""
+        return {}
+
+    @functools.cached_property
+    def mesh_key(self) -> tuple[tuple[str, int], ...]:
+        """The mesh as a hashable key: (axis name, size) in mesh order."""
+        return tuple(self.axes.items())
 
     def replace(self, **changes: Any) -> "ShardingState":
         return dataclasses.replace(self, **changes)
 
     def check_action(self, action: Action) -> None:
         """Raise :class:`ShardingError` if ``action`` is not legal in this state."""
-        value = self.program.values[action.value]
-        where = f"value '{value.name}' (#{value.id}, shape {value.shape})"
-        if action.axis not in self.axes:
+        check_action(self.program, self.axes, self.specs.get(action.value), action)
+
+
+def check_action(program: Program, axes: Mapping[str, int], spec: Spec | None, action: Action) -> None:
+    """Raise :class:`ShardingError` if ``action`` is not legal for a value whose spec is ``spec``
+    (None: replicated)."""
+    value = program.values[action.value]
+    if action.axis not in axes:
+        raise ShardingError(
+            f"mesh axis '{action.axis}' for {_where(value)} is not a mesh axis; the mesh has "
+            f"{tuple(axes)}: use one of those names"
+        )
+    if not 0 <= action.dim < value.ndim:
+        raise ShardingError(f"dim {action.dim} is out of range for {_where(value)}")
+    if spec is None:
+        spec = tuple(() for _ in value.shape)
+    for d, used in enumerate(spec):
+        if action.axis in used:
             raise ShardingError(
-                f"mesh axis '{action.axis}' for {where} is not a mesh axis; the mesh has {tuple(self.axes)}: "
-                "use one of those names"
+                f"mesh axis '{action.axis}' already tiles dim {d} of {_where(value)}; "
+                "a mesh axis may tile at most one dim of a value"
             )
-        if not 0 <= action.dim < value.ndim:
-            raise ShardingError(f"dim {action.dim} is out of range for {where}")
-        spec = self.spec(action.value)
-        for d, axes in enumerate(spec):
-            if action.axis in axes:
-                raise ShardingError(
-                    f"mesh axis '{action.axis}' already tiles dim {d} of {where}; "
-                    "a mesh axis may tile at most one dim of a value"
-                )
-        pieces = math.prod(self.axes[a] for a in spec[action.dim]) * self.axes[action.axis]
-        if value.shape[action.dim] % pieces:
-            raise ShardingError(
-                f"dim {action.dim} of {where} has size {value.shape[action.dim]}, not divisible by "
-                f"{pieces} (mesh axes {spec[action.dim] + (action.axis,)}); choose an axis that divides it "
-                "or pad the dimension"
-            )
+    pieces = math.prod(axes[a] for a in spec[action.dim]) * axes[action.axis]
+    if value.shape[action.dim] % pieces:
+        raise ShardingError(
+            f"dim {action.dim} of {_where(value)} has size {value.shape[action.dim]}, not divisible by "
+            f"{pieces} (mesh axes {spec[action.dim] + (action.axis,)}); choose an axis that divides it "
+            "or pad the dimension"
+        )
+
+
+def _where(value: Value) -> str:
+    return f"value '{value.name}' (#{value.id}, shape {value.shape})"
 
 
 def to_partition_spec(spec: Spec) -> PartitionSpec:

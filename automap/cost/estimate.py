@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
+import operator
 from typing import Iterable, Mapping
 
+import numpy as np
+
+from automap.analysis import Analysis, Reshard, op_analyses, reshards
 from automap.cost.collectives import collective_time
 from automap.cost.flops import dot_flops, op_bytes, op_flops
 from automap.cost.memory import MemoryEstimate, estimate_memory
-from automap.cost.topology import Topology
-from automap.propagate import analyse
+from automap.cost.topology import DeviceSpec, Topology
+from automap.ir.program import Op, Program
 from automap.shardings import ShardingState
 
 
@@ -99,36 +104,132 @@ def estimate(state: ShardingState, topology: Topology | None = None, *, donated:
     topology = topology or Topology.preset("cpu-sim")
     program, axes = state.program, state.axes
     device = topology.device
-    static = program.memo.get("op_costs")
-    if static is None:  # flops, bytes and dot flops of every op, from shapes alone
-        static = program.memo["op_costs"] = {
-            op.id: (op_flops(program, op), op_bytes(program, op), dot_flops(program, op)) for op in program.all_ops
-        }
+    flops, dots, traffic, compute = _op_totals(program, op_analyses(state), axes, device)
+    priced = _priced(topology, state)
+    collectives = []
+    all_reshards = reshards(state)
+    for r in all_reshards:
+        got = priced.get(id(r))
+        if got is None or got[0] is not r:
+            got = priced[id(r)] = (r, _collective(r, program, axes, topology))
+        if got[1] is not None:
+            collectives.append(got[1])
+    memory = estimate_memory(state, donated=donated, reshards=all_reshards)
+    return Estimate(
+        flops, dots, traffic, tuple(collectives), memory, compute, sum(c.time_s for c in collectives)
+    )
+
+
+_EXACT = 2**53  # ints below this are exact as floats: numpy then divides exactly as Python does
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpCosts:
+    """FLOPs, bytes and dot FLOPs of every op (in walk order) from shapes alone, as lists and
+    as float arrays with the trip multipliers (``exact``: every number is below 2**53)."""
+
+    static: list[tuple[int, int, int]]
+    flops: np.ndarray
+    bytes: np.ndarray
+    mult: np.ndarray
+    dots: tuple[int, ...]  # positions of the ops with dot FLOPs
+    exact: bool
+
+    @staticmethod
+    def of(program: Program) -> _OpCosts:
+        got = program.memo.get("op_costs")
+        if got is None:
+            static = [
+                (op_flops(program, op), op_bytes(program, op), dot_flops(program, op)) for op, _ in program.walked
+            ]
+            mults = [mult for _, mult in program.walked]
+            exact = all(max(c) < _EXACT for c in static) and max(mults, default=0) < _EXACT
+            got = program.memo["op_costs"] = _OpCosts(
+                static, np.array([c[0] for c in static], dtype=np.float64),
+                np.array([c[1] for c in static], dtype=np.float64), np.array(mults, dtype=np.float64),
+                tuple(i for i, c in enumerate(static) if c[2]), exact,
+            )
+        return got
+
+
+def _op_totals(program: Program, analyses: list[Analysis], axes: Mapping[str, int],
+               device: DeviceSpec) -> tuple[float, float, float, float]:
+    """(FLOPs, dot FLOPs, bytes, compute seconds) per device over every op, each op's work split
+    by its execution factors. Summed op by op in program order, so numpy's elementwise terms
+    are the very floats the Python loop (:func:`_op_totals_loop`) makes; that loop is used where
+    a number is too large for a float to hold exactly."""
+    costs = _OpCosts.of(program)
+    split = np.fromiter(map(_PIECES, analyses), dtype=np.float64, count=len(analyses))
+    if not costs.exact or split.max(initial=0) >= _EXACT:
+        return _op_totals_loop(program, costs.static, analyses, axes, device)
+    f = costs.flops / split * costs.mult
+    b = costs.bytes / split * costs.mult
+    c = np.maximum(f / float(device.peak_flops), b / float(device.memory_bandwidth))
+    dots = 0.0
+    for i in costs.dots:
+        op, mult = program.walked[i]
+        fax, _, pieces = analyses[i]
+        if _is_real_dot(program, op, fax, axes):
+            dots += costs.static[i][2] / pieces * mult
+    return _running_sum(f), dots, _running_sum(b), _running_sum(c)
+
+
+def _op_totals_loop(program: Program, static: list, analyses: list[Analysis], axes: Mapping[str, int],
+                    device: DeviceSpec) -> tuple[float, float, float, float]:
     flops = dots = traffic = compute = 0.0
-    op_list, all_reshards = analyse(state)
-    for op, mult, fax in op_list:
-        f, b, d = static[op.id]
+    for (op, mult), (f, b, d), (fax, _, split) in zip(program.walked, static, analyses, strict=True):
         if not (f or b):
             continue
-        split = math.prod(axes[a] for ax in fax.values() for a in ax)
         f, b = f / split * mult, b / split * mult
         flops += f
         if d and _is_real_dot(program, op, fax, axes):
             dots += d / split * mult
         traffic += b
         compute += max(f / device.peak_flops, b / device.memory_bandwidth)
-    ops = {op.id: op for op, _, _ in op_list}
-    collectives = []
-    for r in all_reshards:
-        if r.reused or math.prod(axes[a] for a in r.axes) == 1:  # reused (CSE) or over size-1 axes: free
-            continue
-        op = ops[r.op]
-        t = collective_time(r.kind, r.bytes, r.axes, axes, topology) * r.count
-        collectives.append(Collective(r.kind, r.axes, r.bytes, r.count, r.op, r.value, op.primitive, op.name, t))
-    memory = estimate_memory(state, donated=donated, reshards=all_reshards)
-    return Estimate(
-        flops, dots, traffic, tuple(collectives), memory, compute, sum(c.time_s for c in collectives)
-    )
+    return flops, dots, traffic, compute
+
+
+def _running_sum(terms: np.ndarray) -> float:
+    """``0.0 + terms[0] + terms[1] + ...`` left to right (numpy's sum pairs terms up: other floats).
+    Ops without work add 0.0, which changes nothing."""
+    return functools.reduce(operator.add, terms.tolist(), 0.0)
+
+
+_PIECES = operator.itemgetter(2)
+
+
+def _collective(r: Reshard, program: Program, axes: Mapping[str, int], topology: Topology) -> Collective | None:
+    """What a reshard costs: None where it is free (reused by CSE, or over axes of size 1)."""
+    if r.reused or math.prod(axes[a] for a in r.axes) == 1:
+        return None
+    op = _ops_by_id(program)[r.op]
+    t = collective_time(r.kind, r.bytes, r.axes, axes, topology) * r.count
+    return Collective(r.kind, r.axes, r.bytes, r.count, r.op, r.value, op.primitive, op.name, t)
+
+
+def _ops_by_id(program: Program) -> Mapping[int, Op]:
+    got = program.memo.get("ops_by_id")
+    if got is None:
+        got = program.memo["ops_by_id"] = {op.id: op for op in program.all_ops}
+    return got
+
+
+_PRICED: dict[tuple, tuple] = {}
+
+
+def _priced(topology: Topology, state: ShardingState) -> dict[int, tuple]:
+    """id(reshard) -> (reshard, its :class:`Collective` or None), for one topology and mesh: the
+    same reshard objects recur from state to state (the topology, and each reshard, are kept in
+    the entries, so that their ids are not reused while the entries live)."""
+    key = (id(topology), state.mesh_key)
+    got = _PRICED.get(key)
+    if got is None or got[0] is not topology:
+        if len(_PRICED) > 16:
+            _PRICED.clear()
+        got = _PRICED[key] = (topology, {})
+    elif len(got[1]) > 200_000:
+        got[1].clear()
+    return got[1]
 
 
 def _is_real_dot(program, op, fax, axes) -> bool:

@@ -9,8 +9,11 @@ of its body (one iteration) while it runs; its stacked outputs are ordinary valu
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
-from typing import Iterable, Mapping, Sequence
+import itertools
+import math
+from typing import Callable, Iterable, Mapping, Sequence
 
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
@@ -61,6 +64,50 @@ def temp_peak(
 
     Resharded operands are temporaries too: a gathered parameter lives from its first use to
     its last (XLA gathers it once and keeps it), an all-to-all copy for the op that needs it."""
+    live_ranges = _liveness(program, ops, outputs)
+    delta = [0] * (len(ops) + 1)
+    size = _sizer(state)
+    for v, s, e in live_ranges.values:
+        nbytes = size(v)
+        delta[s] += nbytes
+        delta[e + 1] -= nbytes
+    copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
+    index = live_ranges.index
+    for i, rs in sorted((index[op], rs) for op, rs in reshards.items() if op in index):  # in program order
+        for r in rs:
+            if r.where == "operand":
+                got = copies.setdefault((r.value, r.kind, r.axes), [i, i, r.bytes])
+                got[1] = i
+            elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
+                copies[(r.value, r.kind, r.axes, i)] = [i, i, r.bytes]
+    for first, last, nbytes in copies.values():
+        delta[first] += nbytes
+        delta[last + 1] -= nbytes
+    live = list(itertools.accumulate(delta[: len(ops)]))  # after each op starts
+    peak = max(max(live, default=0), 0)
+    for i, regions in live_ranges.regions:  # a body's own peak while its op runs
+        transient = max(temp_peak(program, state, r.ops, r.outputs, reshards) for r in regions)
+        peak = max(peak, live[i] + transient)
+    return peak
+
+
+@dataclasses.dataclass(frozen=True)
+class _Liveness:
+    """What :func:`temp_peak` reads off the program alone: each materialized temporary as
+    (value, first op, last op), the ops that run bodies as (position, regions), and each op's
+    position (by op id)."""
+
+    ops: Sequence[Op]
+    values: tuple[tuple[int, int, int], ...]
+    regions: tuple[tuple[int, tuple], ...]
+    index: Mapping[int, int]
+
+
+def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int]) -> _Liveness:
+    key = ("liveness", id(ops), tuple(outputs))
+    got = program.memo.get(key)
+    if got is not None and got.ops is ops:
+        return got
     keep = materialized(ops, outputs)
     out_set = set(outputs)
     start: dict[int, int] = {}
@@ -74,31 +121,12 @@ def temp_peak(
         for region in op.regions:  # outer values read inside the body stay live for the whole op
             for inner in _reads(region.ops):
                 end[inner] = i
-    delta = [0] * (len(ops) + 1)
-    for v, s in start.items():
-        e = max(end.get(v, s), s)
-        size = state.bytes_per_device(v)
-        delta[s] += size
-        delta[e + 1] -= size
-    copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
-    for i, op in enumerate(ops):
-        for r in reshards.get(op.id, ()):
-            if r.where == "operand":
-                got = copies.setdefault((r.value, r.kind, r.axes), [i, i, r.bytes])
-                got[1] = i
-            elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
-                copies[(r.value, r.kind, r.axes, i)] = [i, i, r.bytes]
-    for first, last, size in copies.values():
-        delta[first] += size
-        delta[last + 1] -= size
-    peak = live = 0
-    for i, op in enumerate(ops):
-        live += delta[i]
-        transient = 0
-        for region in op.regions:
-            transient = max(transient, temp_peak(program, state, region.ops, region.outputs, reshards))
-        peak = max(peak, live + transient)
-    return peak
+    values = tuple((v, s, max(end.get(v, s), s)) for v, s in start.items())
+    regions = tuple((i, op.regions) for i, op in enumerate(ops) if op.regions)
+    got = _Liveness(ops, values, regions, {op.id: i for i, op in enumerate(ops)})
+    if isinstance(ops, tuple):  # immutable: safe to reuse while the memo holds it
+        program.memo[key] = got
+    return got
 
 
 def _reads(ops: Sequence[Op]) -> set[int]:
@@ -122,19 +150,40 @@ def estimate_memory(
     288
     """
     program = state.program
-    arguments = sum(state.bytes_per_device(v) for v in dict.fromkeys(program.inputs))
+    size = _sizer(state)
+    arguments = sum(map(size, dict.fromkeys(program.inputs)))
     outs = list(dict.fromkeys(program.outputs))
-    outputs = sum(state.bytes_per_device(v) for v in outs)
+    outputs = sum(map(size, outs))
     donated = set(donated)
     aliased = 0
-    free = {v: state.bytes_per_device(v) for v in program.inputs if v in donated}
-    for v in outs:  # an output may reuse a donated input buffer of the same size
-        size = state.bytes_per_device(v)
-        match = next((d for d, s in free.items() if s == size), None)
-        if match is not None:
-            aliased += size
-            del free[match]
+    free: dict[int, collections.deque[int]] = {}  # bytes -> donated inputs of that size, in input order
+    for v in dict.fromkeys(program.inputs):
+        if v in donated:
+            free.setdefault(size(v), collections.deque()).append(v)
+    for v in outs:  # an output may reuse a donated input buffer of the same size (the first one left)
+        nbytes = size(v)
+        if free.get(nbytes):
+            aliased += nbytes
+            free[nbytes].popleft()
     by_op: dict[int, list[Reshard]] = {}
     for r in all_reshards(state) if reshards is None else reshards:
         by_op.setdefault(r.op, []).append(r)
     return MemoryEstimate(arguments, outputs, aliased, temp_peak(program, state, program.ops, outs, by_op))
+
+
+def _sizer(state: ShardingState) -> Callable[[int], int]:
+    """value id -> its bytes per device (``state.bytes_per_device``, with the shard count of
+    each distinct spec computed once)."""
+    specs, sizes, values = state.specs, state.axes, state.program.values
+    shards: dict = {}
+
+    def size(v: int) -> int:
+        spec = specs.get(v)
+        if spec is None:
+            return values[v].nbytes
+        n = shards.get(spec)
+        if n is None:
+            n = shards[spec] = math.prod(sizes[a] for dim in spec for a in dim)
+        return values[v].nbytes // n
+
+    return size

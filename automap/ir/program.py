@@ -82,6 +82,16 @@ class Op:
     def __repr__(self) -> str:
         return f"Op(#{self.id} {self.primitive} {self.name} in={self.inputs} out={self.outputs})"
 
+    @functools.cached_property
+    def linked(self) -> tuple[int, ...]:
+        """Every value the rule refers to: ``linked_inputs + linked_outputs``."""
+        return self.linked_inputs + self.linked_outputs
+
+    @functools.cached_property
+    def links_distinct(self) -> bool:
+        """Whether no value is linked twice (``x * x`` links ``x`` twice)."""
+        return len(set(self.linked)) == len(self.linked)
+
 
 @dataclasses.dataclass(frozen=True)
 class RematCall:
@@ -111,6 +121,11 @@ class Program:
 
     def walk(self) -> Iterator[tuple[Op, int]]:
         """Every op, nested regions included (after their op), with its trip multiplier."""
+        return iter(self.walked)
+
+    @functools.cached_property
+    def walked(self) -> tuple[tuple[Op, int], ...]:
+        """:meth:`walk`, computed once."""
 
         def rec(ops: tuple[Op, ...], mult: int) -> Iterator[tuple[Op, int]]:
             for op in ops:
@@ -118,20 +133,26 @@ class Program:
                 for region in op.regions:
                     yield from rec(region.ops, mult * region.trips)
 
-        return rec(self.ops, 1)
+        return tuple(rec(self.ops, 1))
 
     @functools.cached_property
     def all_ops(self) -> tuple[Op, ...]:
-        return tuple(op for op, _ in self.walk())
+        return tuple(op for op, _ in self.walked)
 
     @functools.cached_property
     def users(self) -> Mapping[int, tuple[Op, ...]]:
         """value id -> ops whose rule refers to it (as operand or result), in program order."""
         out: dict[int, list[Op]] = {}
         for op in self.all_ops:
-            for vid in dict.fromkeys(op.linked_inputs + op.linked_outputs):
+            for vid in dict.fromkeys(op.linked):
                 out.setdefault(vid, []).append(op)
         return {k: tuple(v) for k, v in out.items()}
+
+    @functools.cached_property
+    def users_of(self) -> tuple[tuple[Op, ...], ...]:
+        """:attr:`users` as a tuple indexed by value id (no users: an empty tuple)."""
+        users = self.users
+        return tuple(users.get(v, ()) for v in range(len(self.values)))
 
     def primitives(self) -> set[str]:
         return {op.primitive for op in self.all_ops}

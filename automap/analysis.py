@@ -1,0 +1,208 @@
+"""What an assignment implies, op by op: how each op runs and the collectives around it.
+
+An op runs with the factor axes its linked values agree on (:func:`execution_factors`);
+operands and results laid out otherwise are resharded before or after it (:class:`Reshard`).
+:func:`analyse` walks every op; the cost model prices what it finds.
+
+Both are memoised twice over: per op, with the op's factor solution (identical layers and
+revisited specs hit the cache), and per state: a state made by
+:func:`~automap.propagate.apply` from an analysed state records which values it changed
+(:func:`note_derived`), and its analysis redoes only the ops that link those values.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Literal, Sequence
+
+from automap.factors import Axes, compose_dim, solution
+from automap.ir.program import Op, Program
+from automap.shardings import ShardingState, Spec
+
+CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all"]
+Analysis = tuple[dict[int, Axes], tuple, int]  # (factor axes, reshard templates, pieces)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reshard:
+    """A collective implied by the assignment at one op (bytes are per device, per execution)."""
+
+    op: int
+    value: int
+    kind: CollectiveKind
+    axes: Axes
+    bytes: int
+    count: int  # how many times it runs (trip counts of enclosing loops)
+    where: Literal["operand", "result"]
+    reused: bool = False  # the same gather happened earlier in the same region: XLA reuses it (CSE)
+
+
+def _per_device(nbytes: int, spec: Sequence[Axes], sizes: dict[str, int]) -> int:
+    return nbytes // math.prod(sizes[a] for axes in spec for a in axes)
+
+
+def _diff(actual: Spec, wanted: Spec) -> tuple[Axes, Axes]:
+    """(axes to gather, axes to move between dims) to turn ``actual`` into ``wanted``."""
+    gather, move = [], []
+    for d, axes in enumerate(actual):
+        for a in axes:
+            if a in wanted[d]:
+                continue
+            (move if any(a in w for w in wanted) else gather).append(a)
+    return tuple(gather), tuple(move)
+
+
+def execution_factors(op: Op, state: ShardingState) -> dict[int, Axes]:
+    """How the op runs: its factor -> axes, agreed by its operands and results (earliest decision
+    wins). Operands and results that disagree with it are resharded before or after. A factor
+    whose tiling no result can express (the minor factor of a merged dim) is not run sharded."""
+    return _analysis(op, state)[0]
+
+
+def _analysis(op: Op, state: ShardingState) -> Analysis:
+    """(factor axes, reshard templates, pieces) of one op, memoised with its factor solution (on
+    the op's rule and its linked values' specs): identical layers and revisited states hit the
+    cache. ``pieces`` is how many ways the op's work is split (the product of its axes' sizes)."""
+    sol = solution(op, state.axes, state.mesh_key, state.specs, state.priority)
+    got = sol.analysis
+    if got is None:
+        sizes = state.axes
+        fax = _expressible(op, sol.fax, sizes)
+        pieces = math.prod(sizes[a] for ax in fax.values() for a in ax)
+        got = sol.analysis = (fax, _templates(op, state, fax), pieces)
+    return got
+
+
+def _expressible(op: Op, fax: dict[int, Axes], sizes: dict[str, int]) -> dict[int, Axes]:
+    rule = op.rule
+    out = dict(fax)
+    for dims in rule.results:
+        for fs in dims:
+            if len(fs) < 2:
+                continue
+            shown = compose_dim(fs, out, rule, sizes)
+            for f in fs:
+                if f in out and not set(out[f]) <= set(shown):
+                    del out[f]
+    return out
+
+
+def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
+    """The op's reshards as (linked position, kind, axes, bytes, where)."""
+    program, sizes, rule = state.program, state.axes, op.rule
+    out = []
+    n_in = len(op.linked_inputs)
+    for pos, (vid, dims) in enumerate(zip(op.linked_inputs, rule.operands, strict=True)):
+        if not dims:
+            continue
+        actual = state.spec(vid)
+        wanted = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
+        gather, move = _diff(actual, wanted)
+        nbytes = program.values[vid].nbytes
+        if gather:
+            after = tuple(tuple(a for a in axes if a not in gather) for axes in actual)
+            out.append((pos, "all-gather", gather, _per_device(nbytes, after, sizes), "operand"))
+        if move:
+            out.append((pos, "all-to-all", move, _per_device(nbytes, actual, sizes), "operand"))
+    partial = tuple(a for f in rule.reduction_factors for a in fax.get(f, ()))
+    for pos, (vid, dims) in enumerate(zip(op.linked_outputs, rule.results, strict=True)):
+        if not dims and not partial:
+            continue
+        actual = state.spec(vid)
+        implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
+        nbytes = program.values[vid].nbytes
+        in_actual = {a for axes in actual for a in axes}
+        scatter = tuple(a for a in partial if a in in_actual and not any(a in i for i in implied))
+        reduce = tuple(a for a in partial if a not in scatter)
+        here = n_in + pos
+        if scatter:
+            out.append((here, "reduce-scatter", scatter, _per_device(nbytes, implied, sizes), "result"))
+        if reduce:
+            out.append((here, "all-reduce", reduce, _per_device(nbytes, implied, sizes), "result"))
+        gather, move = _diff(implied, actual)
+        if gather:
+            out.append((here, "all-gather", gather, _per_device(nbytes, actual, sizes), "result"))
+        if move:
+            out.append((here, "all-to-all", move, _per_device(nbytes, implied, sizes), "result"))
+    return tuple(out)
+
+
+def note_derived(new: ShardingState, old: ShardingState, changed: Iterable[int]) -> None:
+    """Record that ``new`` differs from ``old`` only in the specs and priorities of the values in
+    ``changed``, so that analysing ``new`` can start from ``old``'s analysis (or from the analysed
+    state ``old`` itself was derived from). Nothing is recorded when neither is analysed."""
+    if new.program is not old.program or new.mesh_key != old.mesh_key:
+        return
+    memo = old.memo
+    if "analyses" in memo:
+        anchor, diff = old, frozenset(changed)
+    elif "origin" in memo:
+        anchor, earlier = memo["origin"]
+        diff = earlier.union(changed)
+    else:
+        return
+    new.memo["origin"] = (anchor, diff)
+
+
+def op_analyses(state: ShardingState) -> list[Analysis]:
+    """The analysis of every op, aligned with ``state.program.walked`` (memoised on the state)."""
+    memo = state.memo
+    got = memo.get("analyses")
+    if got is not None:
+        return got
+    program = state.program
+    origin = memo.pop("origin", None)
+    if origin is None:
+        got = [_analysis(op, state) for op, _ in program.walked]
+    else:
+        anchor, changed = origin
+        got = list(anchor.memo["analyses"])
+        index, users = _walk_index(program), program.users
+        for op in {op.id: op for v in changed for op in users.get(v, ())}.values():
+            got[index[op.id]] = _analysis(op, state)
+    memo["analyses"] = got
+    return got
+
+
+def _walk_index(program: Program) -> dict[int, int]:
+    """op id -> its position in ``program.walked``."""
+    got = program.memo.get("walk_index")
+    if got is None:
+        got = program.memo["walk_index"] = {op.id: i for i, (op, _) in enumerate(program.walked)}
+    return got
+
+
+def reshards(state: ShardingState) -> list[Reshard]:
+    """Every collective the assignment implies, op by op (the cost model prices these). A gather
+    of the same value over the same axes in the same region is marked ``reused`` after its first
+    occurrence: XLA computes it once (CSE)."""
+    program, analyses = state.program, op_analyses(state)
+    walked, values = program.walked, program.values
+    made = program.memo.setdefault("reshards", {})  # fields -> Reshard: one object for equal ones
+    if len(made) > 200_000:
+        made.clear()
+    out: list[Reshard] = []
+    gathered: set[tuple] = set()
+    for i in [i for i, got in enumerate(analyses) if got[1]]:
+        op, mult = walked[i]
+        region = values[op.outputs[0]].region if op.outputs else 0
+        linked = op.linked
+        for pos, kind, axes, nbytes, where in analyses[i][1]:
+            vid = linked[pos]
+            reused = False
+            if kind == "all-gather" and where == "operand":
+                key = (vid, axes, region)
+                reused = key in gathered
+                gathered.add(key)
+            fields = (op.id, vid, kind, axes, nbytes, mult, where, reused)
+            r = made.get(fields)
+            if r is None:
+                r = made[fields] = Reshard(*fields)  # type: ignore[arg-type]
+            out.append(r)
+    return out
+
+
+def analyse(state: ShardingState) -> tuple[list[tuple[Op, int, dict[int, Axes]]], list[Reshard]]:
+    """Every op with its trip multiplier and execution factors, and every reshard."""
+    ops = [(op, mult, fax) for (op, mult), (fax, _, _) in zip(state.program.walked, op_analyses(state), strict=True)]
+    return ops, reshards(state)

@@ -1,0 +1,232 @@
+"""Solving an op's factor rule against the specs of its linked values, memoised.
+
+:func:`solve_factors` assigns mesh axes to the factors of an op's rule from the specs of the
+values it links (earliest decision wins where they disagree). Propagation and the cost model ask
+for the same solutions again and again (identical layers share a rule, and a search revisits
+specs), so :func:`solution` memoises them as :class:`Solution` s keyed on the rule, the linked
+specs and the mesh. Priorities join the key only where they can matter: most ops see no
+disagreement, and then the solution is the same for any priorities (see :func:`_order_free`).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from automap.ir.program import Op
+from automap.rules.registry import DimFactors, FactorRule
+
+if TYPE_CHECKING:
+    from automap.shardings import ShardingState
+
+Axes = tuple[str, ...]
+Spec = tuple[Axes, ...]
+# factor -> [(linked position, dim, axes)]: what each sharded dim of a linked value proposes
+Candidates = dict[int, list[tuple[int, int, Axes]]]
+
+
+def split_dim(axes: Axes, dim: DimFactors, rule: FactorRule, sizes: Mapping[str, int]) -> dict[int, Axes]:
+    """Assign a dim's axes (major to minor) to its factors (major to minor)."""
+    out: dict[int, Axes] = {}
+    i, remaining = 0, None
+    for a in axes:
+        while i < len(dim):
+            remaining = rule.factors[dim[i]].size if remaining is None else remaining
+            if remaining != 1:
+                break
+            i, remaining = i + 1, None
+        if i >= len(dim) or remaining % sizes[a]:
+            break
+        out[dim[i]] = out.get(dim[i], ()) + (a,)
+        remaining //= sizes[a]
+    return out
+
+
+def compose_dim(dim: DimFactors, fax: Mapping[int, Axes], rule: FactorRule, sizes: Mapping[str, int]) -> Axes:
+    """The axes of a dim given its factors' axes; a minor factor counts only once the ones
+    before it are fully sharded (otherwise the tiling is not a block tiling of the dim)."""
+    axes: Axes = ()
+    for f in dim:
+        got = fax.get(f, ())
+        axes += got
+        if math.prod(sizes[a] for a in got) != rule.factors[f].size:
+            break
+    return axes
+
+
+def _candidates(rule: FactorRule, dims_of: Sequence, spec_list: Sequence, sizes: Mapping[str, int]) -> Candidates:
+    cands: Candidates = {}
+    for pos, (spec, dims) in enumerate(zip(spec_list, dims_of, strict=True)):
+        if spec is None:
+            continue
+        for d, fs in enumerate(dims):
+            if spec[d] and fs:
+                for f, axes in split_dim(spec[d], fs, rule, sizes).items():
+                    cands.setdefault(f, []).append((pos, d, axes))
+    return cands
+
+
+def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Mapping, sizes: Mapping[str, int]):
+    """The factor -> axes assignment and each factor's earliest priority (``solve_factors``)."""
+    ranked = {f: [(prio.get((linked[pos], d), 0), pos, axes) for pos, d, axes in got] for f, got in cands.items()}
+    fax: dict[int, Axes] = {}
+    fprio: dict[int, int] = {}
+    used: dict[int, set[str]] = {}
+    for f in sorted(ranked, key=lambda f: min(ranked[f])[:2]):
+        factor = rule.factors[f]
+        if factor.kind == "blocked":
+            continue
+        ordered = sorted(ranked[f])
+        choice = ordered[0][2]
+        for _, _, axes in ordered[1:]:
+            if len(axes) > len(choice) and axes[: len(choice)] == choice:
+                choice = axes
+        taken = used.setdefault(rule.group(f), set())
+        kept: Axes = ()
+        for a in choice:
+            if a in taken or factor.size % (math.prod(sizes[b] for b in kept) * sizes[a]):
+                break
+            kept += (a,)
+        if kept:
+            fax[f], fprio[f] = kept, ordered[0][0]
+            taken.update(kept)
+    return fax, fprio
+
+
+def solve_factors(
+    op: Op, state: ShardingState, specs: Mapping, prio: Mapping, *, operands_only: bool = False
+) -> tuple[dict[int, Axes], dict[int, int]]:
+    """The op's factor -> axes assignment from its linked values (earliest decision wins), and
+    the priority of the earliest decision behind each factor."""
+    rule = op.rule
+    linked = op.linked_inputs if operands_only else op.linked
+    dims_of = rule.operands + (() if operands_only else rule.results)
+    cands = _candidates(rule, dims_of, [specs.get(v) for v in linked], state.axes)
+    return _solve(rule, linked, cands, prio, state.axes)
+
+
+def _order_free(rule: FactorRule, cands: Candidates) -> bool:
+    """Whether :func:`_solve` gives the same axes for any priorities: every factor's proposals
+    are a chain of prefixes (the longest wins in any order), and no two factors of a group
+    propose a common axis (so none can take an axis another one needs)."""
+    by_group: dict[int, set[str]] = {}
+    for f, got in cands.items():
+        if rule.factors[f].kind == "blocked":
+            continue
+        longest = max((axes for _, _, axes in got), key=len)
+        if any(axes != longest[: len(axes)] for _, _, axes in got):
+            return False
+        seen = by_group.setdefault(rule.group(f), set())
+        if not seen.isdisjoint(longest):
+            return False
+        seen.update(longest)
+    return True
+
+
+class Solution:
+    """An op's factor solution for one assignment of its linked values' specs.
+
+    ``fax``: factor -> axes. ``sources``: factor -> the (linked position, dim) pairs proposing
+    it (a factor's priority is the earliest of theirs). ``updates``: what propagation writes, as
+    (linked position, new spec, ((dim, the sources of its factors), ...)), computed as if the
+    linked values were distinct. ``analysis``: the cost model's view, filled in by
+    :mod:`automap.analysis`. The rule is kept so its id is not reused while the entry lives."""
+
+    __slots__ = ("analysis", "fax", "rule", "sources", "updates")
+
+    def __init__(self, rule: FactorRule, fax: dict[int, Axes], cands: Candidates, spec_list: Sequence,
+                 sizes: Mapping[str, int]):
+        self.rule, self.fax, self.analysis = rule, fax, None
+        self.sources = {f: tuple((pos, d) for pos, d, _ in cands[f]) for f in fax}
+        self.updates = _updates(rule, fax, self.sources, spec_list, sizes)
+
+    def priorities(self, linked: Sequence[int], prio: Mapping) -> dict[int, int]:
+        """factor -> the priority of the earliest decision proposing it."""
+        return {f: min(prio.get((linked[pos], d), 0) for pos, d in src) for f, src in self.sources.items()}
+
+
+def extend_spec(spec: Spec | None, dims: Sequence[DimFactors], fax: Mapping[int, Axes], rule: FactorRule,
+                sizes: Mapping[str, int]) -> tuple[Spec, tuple[int, ...]]:
+    """A linked value's spec after propagation pushes the op's factor axes onto it, and the dims
+    that changed: a whole dim (or one whose axes are a prefix of the proposal) takes the axes its
+    factors propose, up to the first axis another dim of the value already uses."""
+    new = list(spec) if spec is not None else [() for _ in dims]
+    changed = []
+    for d, fs in enumerate(dims):
+        if not fs:
+            continue
+        proposal = compose_dim(fs, fax, rule, sizes)
+        current = new[d]
+        if len(proposal) <= len(current) or proposal[: len(current)] != current:
+            continue
+        others = {a for e, axes in enumerate(new) if e != d for a in axes}
+        extra: Axes = ()
+        for a in proposal[len(current):]:
+            if a in others:
+                break
+            extra += (a,)
+        if extra:
+            new[d] = current + extra
+            changed.append(d)
+    return tuple(new), tuple(changed)
+
+
+def _updates(rule: FactorRule, fax: dict[int, Axes], sources: dict, spec_list: Sequence,
+             sizes: Mapping[str, int]) -> tuple:
+    """Propagation's writes (:func:`extend_spec` of each linked value), with the sources of the
+    factors behind each changed dim."""
+    if not fax:
+        return ()
+    out = []
+    for pos, (spec, dims) in enumerate(zip(spec_list, rule.operands + rule.results, strict=True)):
+        if not dims:
+            continue
+        new, changed = extend_spec(spec, dims, fax, rule, sizes)
+        if changed:
+            behind = tuple(
+                (d, tuple(dict.fromkeys(src for f in dims[d] if f in fax for src in sources[f]))) for d in changed
+            )
+            out.append((pos, new, behind))
+    return tuple(out)
+
+
+class _ByPriority(dict):
+    """A memo entry whose solution depends on priorities: priority key -> :class:`Solution`."""
+
+    __slots__ = ("cands", "rule")
+
+
+# (id(rule), linked specs, mesh key) -> the solution; read directly by propagation's inner loop
+SOLVED: dict[tuple, Solution | _ByPriority] = {}
+_LIMIT = 200_000
+
+
+def solution(op: Op, sizes: Mapping[str, int], mesh_key: tuple, specs: Mapping, prio: Mapping) -> Solution:
+    """:func:`solve_factors` as a memoised :class:`Solution`, keyed on the op's rule (shared by
+    identical layers), its linked values' specs and the mesh (``mesh_key``), and on their
+    priorities only where these can change the answer."""
+    spec_list = tuple(map(specs.get, op.linked))
+    key = (id(op.rule), spec_list, mesh_key)
+    got = SOLVED.get(key)
+    if got is None:
+        if len(SOLVED) > _LIMIT:
+            SOLVED.clear()
+        rule = op.rule
+        cands = _candidates(rule, rule.operands + rule.results, spec_list, sizes)
+        if _order_free(rule, cands):
+            got = Solution(rule, _solve(rule, op.linked, cands, prio, sizes)[0], cands, spec_list, sizes)
+        else:
+            got = _ByPriority()
+            got.rule, got.cands = rule, cands
+        SOLVED[key] = got
+    if got.__class__ is Solution:
+        return got
+    prio_key = tuple(
+        prio.get((v, d)) for v, sp in zip(op.linked, spec_list) if sp is not None for d, ax in enumerate(sp) if ax
+    )
+    sol = got.get(prio_key)
+    if sol is None:
+        if len(got) > 4096:
+            got.clear()
+        rule, cands = op.rule, got.cands
+        sol = got[prio_key] = Solution(rule, _solve(rule, op.linked, cands, prio, sizes)[0], cands, spec_list, sizes)
+    return sol
