@@ -1,12 +1,13 @@
-"""Greedy search: one-step lookahead, the fast baseline."""
+"""Greedy search: one-step lookahead, the fast baseline; and the local moves that polish a plan."""
 from __future__ import annotations
 
 import dataclasses
 import time
 
 from search.base import SearchResult, SearchStats, better
-from automap.shardings import ShardingState
-from search.space import Move, Score, SearchSpace
+from automap.shardings import ShardingError, ShardingState
+
+from search.space import GroupAction, Move, Score, SearchSpace
 
 
 def best_step(space: SearchSpace, state: ShardingState, score: Score) -> tuple[Move, ShardingState, Score] | None:
@@ -17,6 +18,38 @@ def best_step(space: SearchSpace, state: ShardingState, score: Score) -> tuple[M
         got = space.score(child)
         if better(got, score) and (best is None or better(got, best[2])):
             best = (action, child, got)
+    return best
+
+
+def replay(space: SearchSpace, actions: tuple[Move, ...]) -> tuple[ShardingState, tuple[Move, ...]]:
+    """Apply ``actions`` in order from the root, skipping those that are no longer legal or change
+    nothing; the state and the actions that took effect."""
+    state, done = space.root, []
+    for action in actions:
+        try:
+            nxt = space.apply(state, action)
+        except ShardingError:
+            continue
+        if nxt.key() != state.key():
+            state = nxt
+            done.append(action)
+    return state, tuple(done)
+
+
+def best_preemption(
+    space: SearchSpace, actions: tuple[Move, ...], score: Score
+) -> tuple[tuple[Move, ...], ShardingState, Score] | None:
+    """The best plan made by deciding one group first and then replaying ``actions`` (earlier
+    decisions win, so this overrides what a later tactic chose for that group: the move that
+    adding actions alone cannot make), or None when none improves on ``score``."""
+    best = None
+    for first in space.legal(space.root):
+        if not isinstance(first, GroupAction) or first in actions:
+            continue
+        state, done = replay(space, (first,) + actions)
+        got = space.score(state)
+        if better(got, score) and (best is None or better(got, best[2])):
+            best = (done, state, got)
     return best
 
 

@@ -62,7 +62,8 @@ class ILP:
     """
 
     max_evaluations: int = 4000
-    max_rounds: int = 64  # integer programs solved, each cutting off a plan the real model rejects
+    max_rounds: int = 16  # integer programs solved, each cutting off a plan the real model rejects
+    time_limit_s: float = 30.0  # for all the solves together: then the best plan found stands
     name: str = "ilp"
 
     def search(self, space: SearchSpace) -> SearchResult:
@@ -131,8 +132,11 @@ class ILP:
                 state, score, actions = cand, got, tuple(combo)
         rounds = 0
         for rounds in range(1, self.max_rounds + 1):
+            left = self.time_limit_s - (time.perf_counter() - t0)
+            if left <= 0:
+                break
             result = milp(cost, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=np.ones(n),
-                          bounds=(0, 1))
+                          bounds=(0, 1), options={"time_limit": left})
             if result.x is None:
                 break  # no combination left that the model thinks fits
             chosen = [(g, o) for (g, o), i in index.items() if result.x[i] > 0.5]

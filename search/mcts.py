@@ -18,7 +18,7 @@ import numpy as np
 
 from automap.shardings import ShardingState
 from search.base import SearchResult, SearchStats, better
-from search.greedy import best_step
+from search.greedy import best_preemption, best_step
 from search.space import Move, Score, SearchSpace
 
 
@@ -120,7 +120,8 @@ class MCTS:
     rollout_depth: int = 2
     select_fn: SelectFn = uct_select
     rollout_fn: RolloutFn = random_rollout
-    polish_steps: int = 4  # greedy one-action improvements of the best plan after the episodes
+    polish_steps: int = 4  # greedy one-move improvements of the best plan after the episodes
+    preempt: bool = False  # polishing may also decide one group before the plan's actions (costly: replays)
     progress: bool | None = None  # None: a bar on a terminal when the search runs over ~2 s
     name: str = "mcts"
 
@@ -156,11 +157,14 @@ class MCTS:
                 break
         if bar is not None:
             bar.close()
-        for _ in range(self.polish_steps):  # hill-climb from the best plan: one action at a time
+        for _ in range(self.polish_steps):  # hill-climb from the best plan: one move at a time
             step = best_step(space, best_state, best)
-            if step is None:
+            if step is not None:
+                best_actions, best_state, best = best_actions + (step[0],), step[1], step[2]
+            elif self.preempt and (moved := best_preemption(space, best_actions, best)) is not None:
+                best_actions, best_state, best = moved
+            else:
                 break
-            best_actions, best_state, best = best_actions + (step[0],), step[1], step[2]
             curve.append(best.reward)
         stats = SearchStats(episodes, space.evaluations, time.perf_counter() - t0, space.eval_time_s, tuple(curve))
         return SearchResult(best_state, best, best_actions, stats, self.name)

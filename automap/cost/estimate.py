@@ -12,6 +12,7 @@ import numpy as np
 
 from automap.analysis import Analysis, Reshard, op_analyses, reshards
 from automap.cost.collectives import collective_time
+from automap.cost.combine import combine_groups, combined_kinds, latency_charges
 from automap.cost.flops import dot_flops, op_bytes, op_flops
 from automap.cost.memory import MemoryEstimate, estimate_memory
 from automap.cost.topology import DeviceSpec, Topology
@@ -32,6 +33,7 @@ class Collective:
     primitive: str
     module: str
     time_s: float  # all executions
+    combined: bool = False  # XLA merges it into an earlier one of its kind: no latency of its own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +108,7 @@ def estimate(state: ShardingState, topology: Topology | None = None, *, donated:
     device = topology.device
     flops, dots, traffic, compute = _op_totals(program, op_analyses(state), axes, device)
     priced = _priced(topology, state)
-    collectives = []
+    collectives, kept = [], []
     all_reshards = reshards(state)
     for r in all_reshards:
         got = priced.get(id(r))
@@ -114,6 +116,8 @@ def estimate(state: ShardingState, topology: Topology | None = None, *, donated:
             got = priced[id(r)] = (r, _collective(r, program, axes, topology))
         if got[1] is not None:
             collectives.append(got[1])
+            kept.append(r)
+    collectives = _combined(program, kept, collectives, axes, topology)
     memory = estimate_memory(state, donated=donated, reshards=all_reshards)
     return Estimate(
         flops, dots, traffic, tuple(collectives), memory, compute, sum(c.time_s for c in collectives)
@@ -205,6 +209,23 @@ def _collective(r: Reshard, program: Program, axes: Mapping[str, int], topology:
     op = _ops_by_id(program)[r.op]
     t = collective_time(r.kind, r.bytes, r.axes, axes, topology) * r.count
     return Collective(r.kind, r.axes, r.bytes, r.count, r.op, r.value, op.primitive, op.name, t)
+
+
+def _combined(program: Program, kept: list[Reshard], collectives: list[Collective], axes: Mapping[str, int],
+              topology: Topology) -> list[Collective]:
+    """The collectives with the latency taken off those XLA combines into an earlier one of
+    their group (see :mod:`automap.cost.combine`)."""
+    if len(collectives) < 2:
+        return collectives
+    keys = combine_groups(program, kept)
+    charged = latency_charges(keys, [c.bytes for c in collectives], combined_kinds(topology))
+    out = []
+    for c, pays in zip(collectives, charged, strict=True):
+        if not pays:
+            latency = collective_time(c.kind, 0, c.axes, axes, topology) * c.count
+            c = dataclasses.replace(c, time_s=c.time_s - latency, combined=True)
+        out.append(c)
+    return out
 
 
 def _ops_by_id(program: Program) -> Mapping[int, Op]:

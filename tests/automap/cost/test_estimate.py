@@ -92,3 +92,39 @@ def test_estimate_matches_xla_for_megatron_and_time_follows_topology():
     assert e_slow.comm_time_s > e_fast.comm_time_s
     assert math.isclose(e_slow.compute_time_s, e_fast.compute_time_s)
     assert "estimate" in plan.report()
+
+
+def _latency_paid(plan, kind):
+    return sum(1 for c in plan.estimate.collectives if c.kind == kind and not c.combined)
+
+
+@pytest.mark.parametrize("strategy, mesh_axes, slack", [
+    ("data_parallel", {"data": 8}, 0),  # every gradient all-reduce in one: 1 and 1
+    ("megatron", {"data": 2, "model": 4}, 2),  # 16 groups against XLA's 14
+])
+def test_combined_collectives_pay_the_latency_xla_pays(strategy, mesh_axes, slack):
+    # XLA's all-reduce combiner merges independent all-reduces (a gradient's do not depend on
+    # each other): the cost model charges one latency per group, about as many as XLA compiles
+    _, state, batch, step, plan = _plan(strategy, mesh_axes)
+    compiled = automap.measure(step.lower(state, batch).compile()).collectives["all-reduce"].count
+    assert abs(_latency_paid(plan, "all-reduce") - compiled) <= slack
+    uncombined = sum(1 for c in plan.estimate.collectives if c.kind == "all-reduce")
+    assert uncombined > 2 * compiled  # one per parameter / activation before combining
+    for c in plan.estimate.collectives:  # a combined one costs only its bytes' transfer time
+        if c.combined:
+            from automap.cost.collectives import collective_time
+
+            full = collective_time(c.kind, c.bytes, c.axes, mesh_axes, Topology.preset("cpu-sim")) * c.count
+            assert c.time_s < full
+
+
+def test_a_chain_of_dependent_collectives_is_not_combined():
+    from automap.cost.combine import latency_charges
+
+    # same kind and axes, but heights 1 and 0 (the second depends on the first): both pay
+    keys = [("all-reduce", ("data",), 0, 1, 1), ("all-reduce", ("data",), 0, 1, 0), ("all-reduce", ("data",), 0, 1, 0)]
+    assert latency_charges(keys, [8, 8, 8]) == [True, True, False]
+    # a group pays again each time its bytes cross the combiner's threshold (30 MiB)
+    assert latency_charges(keys[1:] * 2, [20 << 20] * 4) == [True, True, True, False]  # 20, 40, 60, 80 MiB
+    # kinds XLA does not combine always pay
+    assert latency_charges([("reduce-scatter",) + keys[1][1:]] * 2, [8, 8], ("all-reduce",)) == [True, True]
