@@ -9,6 +9,7 @@
 (b) recovery: over 10 seeds on mesh 2x4, how often MCTS finds a plan at least as good as
     Megatron + data parallel (estimated).
 (c) scaling: search time (excluding tracing) at 2, 12, 24 and 48 layers, scanned and unrolled.
+(p) plan time: the whole default ``plan()`` of the 12-layer unrolled GPT (target <= 10 s).
 """
 from __future__ import annotations
 
@@ -165,12 +166,23 @@ def scaling(args, topo) -> None:
             print(f"  scanned: time at 48 layers / 12 layers = {times[48] / times[12]:.2f} (target <= 1.5)")
 
 
+def plan_time(args, topo) -> None:
+    """(p) the whole default ``plan()`` (tracing, lowering, MCTS) of the 12-layer unrolled GPT,
+    on the default topology of this backend (cpu-sim on CPU)."""
+    w = zoo.gpt_linen(zoo.GPTConfig(layers=12, scan=False, **SIZE))
+    t0 = time.perf_counter()
+    plan = automap.automap(w.train_step, mesh=automap.make_mesh(MESHES["2x4"])).plan(*w.abstract())
+    total = time.perf_counter() - t0
+    note = next(n for n in plan.notes if n.startswith("search mcts"))
+    print(f"(p) default plan() of the 12-layer unrolled GPT, mesh 2x4: {total:.2f} s (target <= 10 s); {note}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--episodes", type=int, default=48)
     parser.add_argument("--topology", default="h100-8")
-    parser.add_argument("--parts", default="abc")
+    parser.add_argument("--parts", default="abcp")
     parser.add_argument("--layers", default="2,12", help="(a): model depths, comma-separated")
     parser.add_argument("--measure", action="store_true", help="(a): also compile the plans and measure them")
     args = parser.parse_args()
@@ -181,6 +193,8 @@ def main() -> int:
         recovery(args, topo)
     if "c" in args.parts:
         scaling(args, topo)
+    if "p" in args.parts:
+        plan_time(args, topo)
     return 0
 
 
