@@ -4,9 +4,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from search.base import SearchResult, SearchStats, better
 from automap.shardings import ShardingError, ShardingState
-
+from search.base import SearchResult, SearchStats, better
 from search.space import GroupAction, Move, Score, SearchSpace
 
 
