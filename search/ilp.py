@@ -21,8 +21,9 @@ import time
 
 import numpy as np
 
-from automap.shardings import Action, ShardingError, ShardingState
+from automap.shardings import ShardingState
 from search.base import SearchResult, SearchStats
+from search.greedy import replay
 from search.space import GroupAction, SearchSpace
 
 
@@ -39,17 +40,7 @@ def options(space: SearchSpace) -> list[list[GroupAction | None]]:
 def apply_all(space: SearchSpace, choice: tuple[GroupAction | None, ...]) -> ShardingState:
     """Apply the chosen options in group order; an option that an earlier one already decided
     (propagation tiled that dim, or took its axis) is skipped: the earlier decision stands."""
-    state = space.root
-    for action in choice:
-        if action is None:
-            continue
-        try:
-            for v in space.groups[action.group]:
-                state.check_action(Action(v, action.dim, action.axis))
-        except ShardingError:
-            continue
-        state = space.apply(state, action)
-    return state
+    return replay(space, tuple(a for a in choice if a is not None))[0]
 
 
 @dataclasses.dataclass(frozen=True)
