@@ -68,10 +68,20 @@ class CollectiveOp:
     computation: str
     source_target_pairs: list[list[int]] | None = None  # collective-permute only
     opcode: str = ""  # the HLO opcode ("all-reduce" for a reduce-scatter XLA:CPU spelled so)
+    group_size: int | None = None  # devices in one replica group (None: not known)
 
     @property
     def total_bytes(self) -> int:
         return self.bytes * self.count_multiplier
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes one device sends, all executions: the ring traffic of `total_bytes` in a group of
+        `group_size` (`automap.cost.collectives.wire_bytes`); a collective-permute sends its buffer."""
+        from automap.cost.collectives import wire_bytes
+
+        n = 2 if self.kind == "collective-permute" else (self.group_size or 1)
+        return wire_bytes(self.kind, self.total_bytes, n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +106,15 @@ class Measurement:
 
     @property
     def collective_bytes(self) -> int:
+        """Buffer bytes of every collective (see the module docstring), summed."""
         return sum(s.bytes for s in self.collectives.values())
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes each device sends over all collectives (ring traffic: an all-reduce sends
+        ``2(n-1)/n`` of its buffer, a reduce-scatter or all-gather ``(n-1)/n``). Unlike
+        `collective_bytes`, a reduce-scatter plus an all-gather weigh what one all-reduce does."""
+        return sum(op.wire_bytes for op in self.ops)
 
     @property
     def memory_per_device(self) -> int | None:
@@ -213,7 +231,8 @@ def _collective(module: Module, comp: Computation, inst: Instruction,
         shape = shape.parts[1]
     op = functools.partial(CollectiveOp, count_multiplier=times, replica_groups=groups,
                            name=inst.name, computation=comp.name,
-                           source_target_pairs=hlo.source_target_pairs(inst), opcode=inst.opcode)
+                           source_target_pairs=hlo.source_target_pairs(inst), opcode=inst.opcode,
+                           group_size=group_size)
     if kind == "reduce-scatter":
         operands = [_operand_shape(comp, inst, i) for i in range(len(inst.operands))]
         if operands and all(s is not None for s in operands):

@@ -6,9 +6,9 @@
 ``jax.ShapeDtypeStruct`` arguments no device memory is allocated, so a model far larger than the
 host can be profiled in the time it takes to trace it (MAP/Colossal-Auto's symbolic profiler).
 
-Costs are global (one device runs everything). ``bytes`` are the operands plus results of every
-op as if nothing were fused, an upper bound of the memory traffic. Ops inside a ``scan`` body
-count once per trip.
+Costs are global (one device runs everything). ``bytes`` are what each op reads and writes once
+XLA has fused elementwise chains (`automap.cost.flops.fused_op_bytes`): a value passed between
+fusible ops only is not counted. Ops inside a ``scan`` body count once per trip.
 
 **Memory categories.** Inputs are classified by structure first, path names only breaking ties:
 
@@ -44,7 +44,7 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from automap.cost.estimate import Estimate, estimate as _estimate
-from automap.cost.flops import dot_flops, op_flops
+from automap.cost.flops import dot_flops, fused_op_bytes, op_flops
 from automap.cost.memory import MemoryEstimate, estimate_memory, materialized
 from automap.cost.topology import Topology
 from automap.ir.lower import lower
@@ -100,7 +100,8 @@ class InputRow:
 
 @dataclasses.dataclass(frozen=True)
 class Totals:
-    """Whole-program sums of the op rows (``bytes_accessed``: unfused operands plus results)."""
+    """Whole-program sums of the op rows (``bytes_accessed``: what the ops read and write once
+    elementwise chains are fused, `automap.cost.flops.fused_op_bytes`)."""
 
     flops: int
     dot_flops: int
@@ -142,7 +143,7 @@ class Profile:
         >>> p = profile(lambda x, w: x @ w, jax.ShapeDtypeStruct((8, 4), jnp.float32),
         ...             jax.ShapeDtypeStruct((4, 2), jnp.float32))
         >>> print(p.table().splitlines()[0])
-        total 128 FLOP (128 FLOP in dots), 224 B accessed (unfused), 1 ops
+        total 128 FLOP (128 FLOP in dots), 224 B accessed (fused), 1 ops
         """
         t = self.totals
         share = lambda f: f"{100 * f / t.flops:5.1f}%" if t.flops else "    -"  # noqa: E731
@@ -151,7 +152,7 @@ class Profile:
             phases[r.phase] += r.flops
         lines = [
             f"total {fmt_flops(t.flops)} ({fmt_flops(t.dot_flops)} in dots), "
-            f"{fmt_bytes(t.bytes_accessed)} accessed (unfused), {len(self.ops)} ops",
+            f"{fmt_bytes(t.bytes_accessed)} accessed (fused), {len(self.ops)} ops",
             "by phase: " + ", ".join(f"{k} {fmt_flops(v)}" for k, v in phases.items()),
             "",
             f"{'module':<40} {'FLOPs':>11} {'share':>6} {'dot FLOPs':>11} {'bytes':>10} {'ops':>6}",
@@ -223,11 +224,9 @@ def _profile(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int], d
     rows = tuple(
         OpRow(
             op.id, op.primitive, op.name, op.phase, op_flops(program, op) * n, dot_flops(program, op) * n,
-            # op_bytes(program, op) with cached sizes (a test keeps them equal)
-            (0 if op.regions else sum(size[v] for v in op.inputs + op.outputs)) * n,
-            sum(size[v] for v in op.outputs) * n, n,
+            nbytes * n, sum(size[v] for v in op.outputs) * n, n,
         )
-        for op, n in walked
+        for (op, n), nbytes in zip(walked, fused_op_bytes(program), strict=True)
     )
     totals = Totals(sum(r.flops for r in rows), sum(r.dot_flops for r in rows), sum(r.bytes for r in rows))
     categories = _categorise(program, [op for op, _ in walked], set(feedback_pairs(traced).values()))

@@ -52,17 +52,20 @@ def experts(axes: dict):
         d = names[0]
         return {"data_parallel": [tactics.data_parallel(d)], "megatron": [tactics.megatron(d)],
                 "fsdp": [tactics.fsdp(d)]}
-    d, m = names
+    d, m = names  # an expert picks which axis carries which parallelism: both ways round
     return {
         "data_parallel": [tactics.batch_over_all_axes()],
         "megatron_dp": [tactics.data_parallel(d), tactics.megatron(m)],
+        "dp_megatron": [tactics.data_parallel(m), tactics.megatron(d)],
         "fsdp": [tactics.fsdp(d)],
         "fsdp_tp": [tactics.data_parallel(d), tactics.megatron(m), tactics.fsdp(d)],
+        "tp_fsdp": [tactics.data_parallel(m), tactics.megatron(d), tactics.fsdp(m)],
     }
 
 
-def measured(w, state, axes: dict) -> tuple[int, int]:
-    """XLA-measured (collective bytes, memory per device) of the program emitted for ``state``."""
+def measured(w, state, axes: dict) -> tuple[int, float, int]:
+    """XLA-measured (collective buffer bytes, bytes sent per device, memory per device) of the
+    program emitted for ``state``."""
     import jax
 
     from automap import emit
@@ -71,7 +74,7 @@ def measured(w, state, axes: dict) -> tuple[int, int]:
     jitted = emit.compile_plan(state, mesh, pins=emit.pinned_values(state))
     flat = jax.tree.leaves(w.abstract())
     m = automap.measure(jitted.lower(*flat).compile())
-    return m.collective_bytes, m.memory_per_device
+    return m.collective_bytes, m.wire_bytes, m.memory_per_device
 
 
 def quality(args, topo) -> None:
@@ -111,9 +114,10 @@ def quality(args, topo) -> None:
                     label = f"{'scan' if scan else 'unroll'}-{layers}"
                     if best is not None and args.measure:
                         best_state = run_schedule(experts(axes)[name], ctx, root).state
-                        cb, mb = measured(w, best_state, axes)
-                        cm, mm = measured(w, result.state, axes)
-                        xla.append((label, mesh_name, budget, cm / max(cb, 1), mm / mb, budget is None or mm <= budget))
+                        cb, wb, mb = measured(w, best_state, axes)
+                        cm, wm, mm = measured(w, result.state, axes)
+                        xla.append((label, mesh_name, budget, name, cm / max(cb, 1), wm / max(wb, 1), mm / mb,
+                                    budget is None or mm <= budget))
                     btxt = "none" if budget is None else f"{budget / 2**20:.0f}MiB"
                     print(f"{label:<14} {mesh_name:<4} {btxt:<9} {name:<14} {best.time_s * 1e3 if best else 0:>9.3f} "
                           f"{result.score.time_s * 1e3:>9.3f} {ratio:>6.3f} {g_ratio:>6.3f} {ilp_txt:>9} "
@@ -125,11 +129,12 @@ def quality(args, topo) -> None:
 def _print_measured(xla: list[tuple]) -> None:
     if not xla:
         return
-    print("    XLA-measured, MCTS plan / best fitting expert plan (compiled on 8 CPU devices):")
-    for label, mesh_name, budget, coll, mem, fits in xla:
+    print("    XLA-measured, MCTS plan / best fitting expert plan (compiled on 8 CPU devices); 'sent': bytes "
+          "each device sends (ring traffic), 'buffers': collective buffer bytes")
+    for label, mesh_name, budget, name, coll, wire, mem, fits in xla:
         btxt = "none" if budget is None else f"{budget / 2**20:.0f}MiB"
-        print(f"    {label:<10} {mesh_name:<4} {btxt:<7} collective bytes {coll:6.3f}  memory/device {mem:6.3f}"
-              f"  within budget: {'yes' if fits else 'NO'}")
+        print(f"    {label:<10} {mesh_name:<4} {btxt:<7} vs {name:<13} sent {wire:6.3f}  buffers {coll:6.3f}  "
+              f"memory/device {mem:6.3f}  within budget: {'yes' if fits else 'NO'}")
 
 
 def recovery(args, topo) -> None:

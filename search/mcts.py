@@ -9,6 +9,7 @@ transposition table), so states reached along different action orders are evalua
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import sys
 import time
@@ -19,7 +20,7 @@ import numpy as np
 from automap.shardings import ShardingState
 from search.base import SearchResult, SearchStats, better
 from search.greedy import best_preemption, best_step
-from search.space import Move, Score, SearchSpace
+from search.space import Move, Score, SearchSpace, TacticAction
 
 
 @dataclasses.dataclass(eq=False)
@@ -121,6 +122,8 @@ class MCTS:
     select_fn: SelectFn = uct_select
     rollout_fn: RolloutFn = random_rollout
     polish_steps: int = 4  # greedy one-move improvements of the best plan after the episodes
+    seed_tactics: bool = True  # first try every composition of tactic macros (one per mesh axis)
+    tie_tolerance: float = 0.01  # plans this close to the fastest count as ties: the leanest wins
     preempt: bool = False  # polishing may also decide one group before the plan's actions (costly: replays)
     progress: bool | None = None  # None: a bar on a terminal when the search runs over ~2 s
     name: str = "mcts"
@@ -132,7 +135,16 @@ class MCTS:
         best_state, best = space.root, space.score(space.root)
         best_actions: tuple[Move, ...] = ()
         curve = []
-        bar = _progress(self.episodes, self.progress)
+        seeds = tactic_compositions(space, limit=self.episodes // 2) if self.seed_tactics else []
+        bar = _progress(len(seeds) + self.episodes, self.progress)
+        for leaf in (n for seq in seeds if (n := _grow(space, root, seq)) is not None):
+            leaf_score = space.score(leaf.state)
+            if better(leaf_score, best):
+                best_state, best, best_actions = leaf.state, leaf_score, leaf.actions
+            backup(_path(root, leaf.actions), leaf_score.reward)
+            curve.append(best.reward)
+            if bar is not None:
+                bar.update(1)
         episodes = 0
         for episodes in range(1, self.episodes + 1):
             path = select(root, self.exploration, self.select_fn)
@@ -166,8 +178,70 @@ class MCTS:
             else:
                 break
             curve.append(best.reward)
+        best_state, best, best_actions = leanest_tie(root, (best_state, best, best_actions), self.tie_tolerance,
+                                                     space)
         stats = SearchStats(episodes, space.evaluations, time.perf_counter() - t0, space.eval_time_s, tuple(curve))
         return SearchResult(best_state, best, best_actions, stats, self.name)
+
+
+def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]]:
+    """The plans an expert composes from tactics: on each free mesh axis one of the macros
+    (data parallel, Megatron, FSDP) or none, axes in mesh order; fewest tactics first, at most
+    ``limit``. Seeding the tree with them makes the search at least as good as each of them."""
+    if not space.macros or not space.axes:
+        return []
+    options = [[()] + [(TacticAction(m, axis),) for m in space.macros] for axis in space.axes]
+    combos = [sum(c, ()) for c in itertools.product(*options)]
+    return sorted((c for c in combos if c), key=len)[:limit]
+
+
+def _grow(space: SearchSpace, root: Node, actions: tuple[Move, ...]) -> Node | None:
+    """The node reached from ``root`` by ``actions``, adding the nodes missing on the way;
+    actions that change nothing are skipped; None when an action is not legal there."""
+    node = root
+    for action in actions:
+        if action in node.children:
+            node = node.children[action]
+            continue
+        if action not in node.untried:
+            return None
+        state = space.apply(node.state, action)
+        if state.key() == node.state.key():
+            continue
+        node.untried.remove(action)
+        node.children[action] = child = Node(state, node.actions + (action,), space.legal(state))
+        node = child
+    return None if node is root else node
+
+
+def _path(root: Node, actions: tuple[Move, ...]) -> list[Node]:
+    path = [root]
+    for a in actions:
+        path.append(path[-1].children[a])
+    return path
+
+
+def leanest_tie(root: Node, best: tuple[ShardingState, Score, tuple[Move, ...]], tolerance: float,
+                space: SearchSpace) -> tuple[ShardingState, Score, tuple[Move, ...]]:
+    """Among the tree's feasible plans within ``tolerance`` of the best estimated time, the one
+    that sends the fewest bytes, then holds the least memory. Estimates closer than that are
+    below the cost model's resolution; bytes and memory are what it predicts best."""
+    state, score, actions = best
+    if tolerance <= 0 or not score.feasible:
+        return best
+    limit = score.time_s * (1 + tolerance)
+
+    def lean(s: Score) -> tuple:
+        return round(s.estimate.wire_bytes), s.peak_bytes, s.time_s
+
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        got = space.score(node.state)
+        if got.feasible and got.time_s <= limit and lean(got) < lean(score):
+            state, score, actions = node.state, got, node.actions
+    return state, score, actions
 
 
 def _actions_between(space: SearchSpace, start: ShardingState, end: ShardingState) -> tuple[Move, ...]:

@@ -44,13 +44,15 @@ def combine_groups(program, reshards: Sequence) -> list[GroupKey]:
         operands = [i for i in mine if reshards[i].where == "operand"]
         for i in results:
             keys[i] = _key(reshards[i], region, h)
-        h += bool(results)
+        h += bool(results)  # a result reshard depends on every input
+        resharded = set()
         for i in operands:
             keys[i] = _key(reshards[i], region, h)
-        h += bool(operands)
-        for v in op.inputs:
-            if height.get(v, 0) < h:
-                height[v] = h
+            resharded.add(reshards[i].value)
+        for v in op.inputs:  # an operand reshard depends only on the operand it reshards
+            hv = h + (v in resharded)
+            if height.get(v, 0) < hv:
+                height[v] = hv
     return keys  # type: ignore[return-value]
 
 

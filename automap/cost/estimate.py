@@ -11,9 +11,9 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from automap.analysis import Analysis, Reshard, op_analyses, reshards
-from automap.cost.collectives import collective_time
+from automap.cost.collectives import collective_time, group_size, wire_bytes
 from automap.cost.combine import combine_groups, combined_kinds, latency_charges
-from automap.cost.flops import dot_flops, op_bytes, op_flops
+from automap.cost.flops import dot_flops, fused_op_bytes, op_flops
 from automap.cost.memory import MemoryEstimate, estimate_memory
 from automap.cost.topology import DeviceSpec, Topology
 from automap.ir.program import Op, Program
@@ -34,6 +34,7 @@ class Collective:
     module: str
     time_s: float  # all executions
     combined: bool = False  # XLA merges it into an earlier one of its kind: no latency of its own
+    wire_bytes: float = 0.0  # bytes one device sends, all executions (ring traffic)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,11 @@ class Estimate:
     @property
     def collective_bytes(self) -> int:
         return sum(c.bytes * c.count for c in self.collectives)
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes each device sends per step (`automap.measure.Measurement.wire_bytes`'s estimate)."""
+        return sum(c.wire_bytes for c in self.collectives)
 
     def summary(self) -> str:
         lines = [
@@ -144,7 +150,8 @@ class _OpCosts:
         got = program.memo.get("op_costs")
         if got is None:
             static = [
-                (op_flops(program, op), op_bytes(program, op), dot_flops(program, op)) for op, _ in program.walked
+                (op_flops(program, op), nbytes, dot_flops(program, op))
+                for (op, _), nbytes in zip(program.walked, fused_op_bytes(program), strict=True)
             ]
             mults = [mult for _, mult in program.walked]
             exact = all(max(c) < _EXACT for c in static) and max(mults, default=0) < _EXACT
@@ -208,7 +215,8 @@ def _collective(r: Reshard, program: Program, axes: Mapping[str, int], topology:
         return None
     op = _ops_by_id(program)[r.op]
     t = collective_time(r.kind, r.bytes, r.axes, axes, topology) * r.count
-    return Collective(r.kind, r.axes, r.bytes, r.count, r.op, r.value, op.primitive, op.name, t)
+    sent = wire_bytes(r.kind, r.bytes * r.count, group_size(r.axes, axes))
+    return Collective(r.kind, r.axes, r.bytes, r.count, r.op, r.value, op.primitive, op.name, t, wire_bytes=sent)
 
 
 def _combined(program: Program, kept: list[Reshard], collectives: list[Collective], axes: Mapping[str, int],

@@ -195,7 +195,8 @@ def test_ops_record_where_and_how_often():
     m = measure(NESTED_WHILE_HLO)
     ar, ag = sorted(m.ops, key=lambda op: op.kind)[::-1]
     assert ar == CollectiveOp("all-reduce", 32, 15, [[0, 1, 2, 3]], "ar", "inner",
-                              opcode="all-reduce")
+                              opcode="all-reduce", group_size=4)
+    assert ar.wire_bytes == 15 * 32 * 2 * 3 / 4  # 15 executions of a ring all-reduce over 4
     assert (ag.kind, ag.count_multiplier, ag.computation, ag.total_bytes) == \
         ("all-gather", 5, "outer", 640)
     assert m.warnings == ()
@@ -510,8 +511,24 @@ def test_real_2d_mesh_groups(axes, groups):
     mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     compiled = _compile(mesh, lambda x, w: x @ w, (P(None, axes), P(axes, None)), P(),
                         (16, 32), (32, 64))
-    (op,) = measure(compiled).ops
+    m = measure(compiled)
+    (op,) = m.ops
     assert (op.kind, op.bytes, op.replica_groups) == ("all-reduce", 16 * 64 * 4, groups)
+    n = len(groups[0])  # ring all-reduce: each device sends 2(n-1)/n of the buffer
+    assert op.group_size == n and m.wire_bytes == 2 * (n - 1) / n * 16 * 64 * 4
+
+
+def test_wire_bytes_weigh_reduce_scatter_plus_all_gather_as_one_all_reduce(mesh):
+    # ZeRO's reduce-scatter + all-gather move twice the buffer bytes of one all-reduce, but each
+    # device sends the same: (n-1)/n + (n-1)/n = 2(n-1)/n of the buffer
+    reduce = measure(_compile(mesh, lambda x, w: x @ w, (P(None, "x"), P("x", None)), P(),
+                              (16, 32), (32, 64)))
+    scatter_gather = measure(_compile(
+        mesh, lambda x, w: jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, P("x"))) * 2,
+        (P(None, "x"), P("x", None)), P(), (16, 32), (32, 64)))
+    assert set(scatter_gather.collectives) == {"reduce-scatter", "all-gather"}
+    assert scatter_gather.collective_bytes == 2 * reduce.collective_bytes
+    assert scatter_gather.wire_bytes == reduce.wire_bytes == 2 * 7 / 8 * 16 * 64 * 4
 
 
 def test_summary_and_types(mesh):
