@@ -35,8 +35,9 @@ strategy has a use for it):
 - ``fsdp``: the batch over every axis, training state sharded (ZeRO-3) over every axis
 - ``fsdp_megatron``: data parallel + FSDP on ``data``, Megatron on ``model``
 - ``automap_mcts``: no tactics, ``search.MCTS(episodes=N, seed=0)`` with the device memory as budget
-- ``automap_ilp``: ``search.ILP(max_evaluations=300)`` when the package has it (else "n/a (no ILP
-  solver yet)"); a space that needs more cost evaluations than that is reported n/a (TooLarge)
+- ``automap_ilp``: ``search.ILP(max_evaluations=300, time_limit_s=5)`` when the package has it (else
+  "n/a (no ILP solver yet)"); a space that needs more cost evaluations than that is reported n/a
+  (TooLarge); after 5 s of solving, the best plan found so far stands
 
 Columns: estimated per-device peak memory and whether it fits the device, estimated collective
 bytes per device per step, estimated step time (compute + communication, no overlap), XLA
@@ -145,7 +146,7 @@ def _row(cfg, params_m, mesh_name, topo, strategy, plan, axes, plan_s, measured=
 
 def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | None = None,
         configs: tuple[str, ...] | None = None, meshes: tuple[str, ...] | None = None,
-        compile: bool | None = None, ilp_evaluations: int = 300,
+        compile: bool | None = None, ilp_evaluations: int = 300, ilp_time_limit_s: float = 5.0,
         log=functools.partial(print, flush=True)) -> list[dict]:
     """Run the benchmark; one row per (config, mesh, topology, strategy)."""
     import automap
@@ -203,7 +204,8 @@ def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | N
                 if hasattr(search, "ILP"):
                     t0 = time.perf_counter()
                     step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
-                                           search=search.ILP(max_evaluations=ilp_evaluations))
+                                           search=search.ILP(max_evaluations=ilp_evaluations,
+                                                             time_limit_s=ilp_time_limit_s))
                     try:
                         plan = step.plan(state, batch)
                         group.append(_row(cfg, params_m, mesh_name, topo, "automap_ilp", plan, axes,
@@ -367,13 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=None, help=f"comma separated subset of {','.join(CONFIGS)}")
     parser.add_argument("--meshes", default=None, help="comma separated subset of 8x1,4x2,2x4,1x8")
     parser.add_argument("--ilp-evaluations", type=int, default=300, help="search.ILP(max_evaluations=...)")
+    parser.add_argument("--ilp-time-limit", type=float, default=5.0, help="search.ILP(time_limit_s=...)")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     split = lambda s: tuple(s.split(",")) if s else None  # noqa: E731
     t0 = time.perf_counter()
     rows = run(quick=args.quick, episodes=args.episodes or (16 if args.quick else 24),
                topologies=split(args.topologies), configs=split(args.configs), meshes=split(args.meshes),
-               ilp_evaluations=args.ilp_evaluations)
+               ilp_evaluations=args.ilp_evaluations, ilp_time_limit_s=args.ilp_time_limit)
     elapsed = time.perf_counter() - t0
     os.makedirs(args.out, exist_ok=True)
     table = markdown(rows)

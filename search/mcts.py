@@ -122,7 +122,7 @@ class MCTS:
     select_fn: SelectFn = uct_select
     rollout_fn: RolloutFn = random_rollout
     polish_steps: int = 4  # greedy one-move improvements of the best plan after the episodes
-    seed_tactics: bool = True  # first try every composition of tactic macros (one per mesh axis)
+    seed_tactics: bool = True  # the first episodes try the compositions of tactic macros (one per mesh axis)
     tie_tolerance: float = 0.01  # plans this close to the fastest count as ties: the leanest wins
     preempt: bool = False  # polishing may also decide one group before the plan's actions (costly: replays)
     progress: bool | None = None  # None: a bar on a terminal when the search runs over ~2 s
@@ -136,7 +136,7 @@ class MCTS:
         best_actions: tuple[Move, ...] = ()
         curve = []
         seeds = tactic_compositions(space, limit=self.episodes // 2) if self.seed_tactics else []
-        bar = _progress(len(seeds) + self.episodes, self.progress)
+        bar = _progress(self.episodes, self.progress)  # the seeds are episodes too
         for leaf in (n for seq in seeds if (n := _grow(space, root, seq)) is not None):
             leaf_score = space.score(leaf.state)
             if better(leaf_score, best):
@@ -145,8 +145,8 @@ class MCTS:
             curve.append(best.reward)
             if bar is not None:
                 bar.update(1)
-        episodes = 0
-        for episodes in range(1, self.episodes + 1):
+        episodes = len(seeds)
+        for episodes in range(len(seeds) + 1, self.episodes + 1):
             path = select(root, self.exploration, self.select_fn)
             leaf = expand(space, path[-1], rng)
             if leaf is not path[-1]:

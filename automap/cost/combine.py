@@ -34,26 +34,42 @@ def combine_groups(program, reshards: Sequence) -> list[GroupKey]:
     by_op: dict[int, list[int]] = {}
     for i, r in enumerate(reshards):
         by_op.setdefault(r.op, []).append(i)
-    height: dict[int, int] = {}
+    height = [0] * len(program.values)
     keys: list[GroupKey | None] = [None] * len(reshards)
-    for op, _ in reversed(program.walked):
-        h = max((height.get(v, 0) for v in op.outputs), default=0)
-        mine = by_op.get(op.id, ())
-        region = program.values[op.outputs[0]].region if op.outputs else 0
+    for op_id, outputs, inputs, region in _backward_walk(program):
+        h = max([height[v] for v in outputs], default=0)
+        mine = by_op.get(op_id)
+        if mine is None:  # most ops: pass the height on to the inputs
+            if h:
+                for v in inputs:
+                    if height[v] < h:
+                        height[v] = h
+            continue
         results = [i for i in mine if reshards[i].where == "result"]
-        operands = [i for i in mine if reshards[i].where == "operand"]
         for i in results:
             keys[i] = _key(reshards[i], region, h)
         h += bool(results)  # a result reshard depends on every input
         resharded = set()
-        for i in operands:
-            keys[i] = _key(reshards[i], region, h)
-            resharded.add(reshards[i].value)
-        for v in op.inputs:  # an operand reshard depends only on the operand it reshards
+        for i in mine:
+            if reshards[i].where == "operand":
+                keys[i] = _key(reshards[i], region, h)
+                resharded.add(reshards[i].value)
+        for v in inputs:  # an operand reshard depends only on the operand it reshards
             hv = h + (v in resharded)
-            if height.get(v, 0) < hv:
+            if height[v] < hv:
                 height[v] = hv
     return keys  # type: ignore[return-value]
+
+
+def _backward_walk(program) -> list[tuple[int, tuple[int, ...], tuple[int, ...], int]]:
+    """(op id, outputs, inputs, region) of every op, last first (memoised per program)."""
+    got = program.memo.get("combine_walk")
+    if got is None:
+        got = program.memo["combine_walk"] = [
+            (op.id, op.outputs, op.inputs, program.values[op.outputs[0]].region if op.outputs else 0)
+            for op, _ in reversed(program.walked)
+        ]
+    return got
 
 
 def _key(r, region: int, height: int) -> GroupKey:
