@@ -115,6 +115,37 @@ def test_tactic_macro_actions_recover_megatron_data_parallel():
     result = search.MCTS(episodes=24, seed=0).search(space)
     assert result.score.time_s <= expert.time_s * (1 + 1e-9)
     assert result.actions  # and it says how it got there
+    # the first episodes try every composition of the tactics, one per free axis (3^2 + 2*3)
+    seeds = search.mcts.tactic_compositions(space, limit=100)
+    act = search.TacticAction
+    assert len(seeds) == 15 and (act("data_parallel", "data"), act("megatron", "model")) in seeds
+    best_seed = min(space.score(_replay(space, s)).time_s for s in seeds)
+    assert result.score.time_s <= best_seed * (1 + search.MCTS().tie_tolerance)
+
+
+def _replay(space, moves):
+    state = space.root
+    for move in moves:
+        state = space.apply(state, move)
+    return state
+
+
+def test_near_ties_go_to_the_plan_that_sends_fewer_bytes():
+    from search.mcts import Node, leanest_tie
+
+    space = _space()
+    plans = [space.apply(space.root, a) for a in space.legal(space.root)[:12]]
+    scores = [space.score(s) for s in plans]
+    i = min(range(len(plans)), key=lambda k: scores[k].time_s)
+    root = Node(space.root, (), [])
+    for k, s in enumerate(plans):
+        root.children[k] = Node(s, (k,), [])
+    for tolerance in (0.0, 0.05, 10.0):
+        state, score, actions = leanest_tie(root, (plans[i], scores[i], (i,)), tolerance, space)
+        near = [s for s in scores + [space.score(space.root)] if s.feasible and s.time_s <= scores[i].time_s * (1 + tolerance)]
+        assert score.estimate.wire_bytes == min(s.estimate.wire_bytes for s in near)
+        assert score.time_s <= scores[i].time_s * (1 + tolerance)
+    assert score.estimate.wire_bytes < scores[i].estimate.wire_bytes  # with a 10x tolerance: a leaner one
 
 
 def _mlp_space(budget=None):
