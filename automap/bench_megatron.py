@@ -144,7 +144,7 @@ def _row(cfg, params_m, mesh_name, topo, strategy, plan, axes, plan_s, measured=
     )
 
 
-def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | None = None,
+def run(quick: bool = False, episodes: int = 48, topologies: tuple[str, ...] | None = None,
         configs: tuple[str, ...] | None = None, meshes: tuple[str, ...] | None = None,
         compile: bool | None = None, ilp_evaluations: int = 300, ilp_time_limit_s: float = 5.0,
         log=functools.partial(print, flush=True)) -> list[dict]:
@@ -174,7 +174,7 @@ def run(quick: bool = False, episodes: int = 24, topologies: tuple[str, ...] | N
             for strategy in EXPERTS:
                 t0 = time.perf_counter()
                 step = automap.automap(w.train_step, mesh=mesh, tactics=strategy_tactics(strategy, axes),
-                                       topology=topos[0])
+                                       topology=topos[0], search=None)  # the tactics alone, no search
                 plan = step.plan(state, batch)
                 plan_s = time.perf_counter() - t0
                 measured = automap.measure(step.lower(state, batch).compile()) if compiled else None
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny (compiled) + gpt2-s, meshes 8x1 and 2x4, h100-8")
     parser.add_argument("--out", default="docs", help="folder for megatron_results.md/.csv and the PNGs")
-    parser.add_argument("--episodes", type=int, default=None, help="MCTS episodes (default 24, quick 16)")
+    parser.add_argument("--episodes", type=int, default=None, help="MCTS episodes (default 48, quick 16)")
     parser.add_argument("--topologies", default=None, help="comma separated, e.g. h100-8,h100-2x8")
     parser.add_argument("--configs", default=None, help=f"comma separated subset of {','.join(CONFIGS)}")
     parser.add_argument("--meshes", default=None, help="comma separated subset of 8x1,4x2,2x4,1x8")
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     split = lambda s: tuple(s.split(",")) if s else None  # noqa: E731
     t0 = time.perf_counter()
-    rows = run(quick=args.quick, episodes=args.episodes or (16 if args.quick else 24),
+    rows = run(quick=args.quick, episodes=args.episodes or (16 if args.quick else 48),
                topologies=split(args.topologies), configs=split(args.configs), meshes=split(args.meshes),
                ilp_evaluations=args.ilp_evaluations, ilp_time_limit_s=args.ilp_time_limit)
     elapsed = time.perf_counter() - t0
