@@ -142,7 +142,8 @@ def test_near_ties_go_to_the_plan_that_sends_fewer_bytes():
         root.children[k] = Node(s, (k,), [])
     for tolerance in (0.0, 0.05, 10.0):
         state, score, actions = leanest_tie(root, (plans[i], scores[i], (i,)), tolerance, space)
-        near = [s for s in scores + [space.score(space.root)] if s.feasible and s.time_s <= scores[i].time_s * (1 + tolerance)]
+        limit = scores[i].time_s * (1 + tolerance)
+        near = [s for s in scores + [space.score(space.root)] if s.feasible and s.time_s <= limit]
         assert score.estimate.wire_bytes == min(s.estimate.wire_bytes for s in near)
         assert score.time_s <= scores[i].time_s * (1 + tolerance)
     assert score.estimate.wire_bytes < scores[i].estimate.wire_bytes  # with a 10x tolerance: a leaner one
