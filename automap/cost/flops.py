@@ -58,7 +58,15 @@ UNFUSED_PREFIXES = ("reduce_", "cum", "arg", "scatter", "gather", "sort", "dynam
 def fusible(program: Program, op: Op) -> bool:
     """Whether XLA's loop fusion puts ``op`` in one kernel with its elementwise neighbours:
     elementwise arithmetic (every operand has the result's shape or is a scalar) and the relabels
-    in `FOLDED`. Matmuls, reductions, gathers, scatters and loops are kernels of their own."""
+    in `FOLDED`. Matmuls, reductions, gathers, scatters and loops are kernels of their own.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> prog = lower(jax.make_jaxpr(lambda x, w: jnp.tanh(x @ w).sum())(jnp.ones((4, 8)), jnp.ones((8, 2))),
+    ...              ["x", "w"], ["y"])
+    >>> [(op.primitive, fusible(prog, op)) for op in prog.all_ops]
+    [('dot_general', False), ('tanh', True), ('reduce_sum', False)]
+    """
     if op.regions or op.primitive in ("dot_general", "conv_general_dilated"):
         return False
     if op.primitive in FOLDED:
