@@ -11,9 +11,7 @@ import os
 import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-# benchmarks/search.py is named like the package: keep this folder off the import path
-_here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+import _isolate  # noqa: E402,F401  (first: keeps benchmarks/search.py from shadowing the package)
 
 from automap.bench_megatron import main  # noqa: E402
 

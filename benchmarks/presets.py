@@ -8,7 +8,7 @@ import os
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-
+import _isolate  # noqa: E402,F401  (first: keeps benchmarks/search.py from shadowing the package)
 import jax  # noqa: E402
 
 import automap  # noqa: E402
@@ -27,7 +27,7 @@ def main() -> None:
         ("data_parallel", [tactics.data_parallel("data")]), ("megatron_dp", [tactics.megatron_dp()]),
         ("fsdp_only", [tactics.fsdp_only()]), ("fsdp_tp", [tactics.fsdp_tp()]),
         ("zero_dp(1)", [tactics.zero_dp(1)]), ("zero_dp(2)", [tactics.zero_dp(2)]),
-        ("default (batch over all axes)", None),
+        ("default (MCTS search)", None),
     ]
     for name, schedule in presets:
         step = automap.automap(w.train_step, mesh=mesh, tactics=schedule)
