@@ -187,7 +187,22 @@ class MCTS:
 def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]]:
     """The plans an expert composes from tactics: on each free mesh axis one of the macros
     (data parallel, Megatron, FSDP) or none, axes in mesh order; fewest tactics first, at most
-    ``limit``. Seeding the tree with them makes the search at least as good as each of them."""
+    ``limit``. Seeding the tree with them makes the search at least as good as each of them.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.cost import Topology
+    >>> from automap.shardings import ShardingState
+    >>> from search.space import SearchSpace
+    >>> from tactics import PlanContext
+    >>> prog = lower(jax.make_jaxpr(lambda w, x: w - (x @ w))(jnp.ones((8, 8)), jnp.ones((8, 8))), ["w", "x"], ["w"])
+    >>> axes = {"data": 2, "model": 2}
+    >>> space = SearchSpace(ShardingState.initial(prog, axes), topology=Topology.preset("cpu-sim"),
+    ...                     context=PlanContext(prog, axes, (prog.inputs[1],), (prog.inputs[0],)))
+    >>> seeds = tactic_compositions(space, limit=100)
+    >>> len(seeds), [f"{a.tactic}({a.axis})" for a in seeds[-1]]  # 3 x 3 pairs + 2 x 3 singles
+    (15, ['fsdp(data)', 'fsdp(model)'])
+    """
     if not space.macros or not space.axes:
         return []
     options = [[()] + [(TacticAction(m, axis),) for m in space.macros] for axis in space.axes]
@@ -225,7 +240,11 @@ def leanest_tie(root: Node, best: tuple[ShardingState, Score, tuple[Move, ...]],
                 space: SearchSpace) -> tuple[ShardingState, Score, tuple[Move, ...]]:
     """Among the tree's feasible plans within ``tolerance`` of the best estimated time, the one
     that sends the fewest bytes, then holds the least memory. Estimates closer than that are
-    below the cost model's resolution; bytes and memory are what it predicts best."""
+    below the cost model's resolution; bytes and memory are what it predicts best.
+
+    ``best`` is (state, score, actions); the answer has the same form. With ``tolerance=0`` only
+    exact ties in time can replace it (``tests/search/test_search.py`` runs this on a real tree).
+    """
     state, score, actions = best
     if tolerance <= 0 or not score.feasible:
         return best

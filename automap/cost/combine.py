@@ -81,7 +81,12 @@ def latency_charges(
 ) -> list[bool]:
     """Per collective: whether it pays a latency. Within a group, the first one does, and one
     more each time the group's bytes so far cross another multiple of the threshold; kinds that
-    are not combined always do."""
+    are not combined always do.
+
+    >>> key = ("all-reduce", ("data",), 0, 1, 0)  # kind, axes, region, count, height
+    >>> latency_charges([key, key, ("all-gather",) + key[1:]], [8, 8, 8], kinds=("all-reduce",))
+    [True, False, True]
+    """
     seen: dict[GroupKey, int] = {}
     out = []
     for key, nbytes in zip(keys, sizes, strict=True):
