@@ -2,14 +2,16 @@
 
 >>> import search
 >>> sorted(search.__all__)[:3]
-['Greedy', 'GroupAction', 'ILP']
+['Ceiling', 'Greedy', 'GroupAction']
 """
-from search.base import SearchResult, SearchStats, Searcher
+from search.base import Searcher, SearchResult, SearchStats
+from search.ceiling import Ceiling
 from search.greedy import Greedy
 from search.ilp import ILP, TooLarge
-from search.mcts import MCTS
+from search.mcts import MCTS, expert_ceiling
 from search.space import GroupAction, Score, SearchSpace, TacticAction
 
 __all__ = [
-    "Greedy", "GroupAction", "ILP", "MCTS", "Score", "SearchResult", "SearchSpace", "SearchStats", "Searcher", "TacticAction", "TooLarge",
+    "Ceiling", "Greedy", "GroupAction", "ILP", "MCTS", "Score", "SearchResult", "SearchSpace", "SearchStats",
+    "Searcher", "TacticAction", "TooLarge", "expert_ceiling",
 ]

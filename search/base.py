@@ -26,6 +26,7 @@ class SearchResult:
     actions: tuple[Move, ...]
     stats: SearchStats
     searcher: str
+    notes: tuple[str, ...] = ()  # what the searcher wants the report to say (e.g. the ceiling it held to)
 
     def describe(self, space: SearchSpace) -> list[str]:
         return [space.describe(a) for a in self.actions]

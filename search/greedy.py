@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 from automap.shardings import ShardingError, ShardingState
 from search.base import SearchResult, SearchStats, better
 from search.space import GroupAction, Move, Score, SearchSpace
 
 
-def best_step(space: SearchSpace, state: ShardingState, score: Score) -> tuple[Move, ShardingState, Score] | None:
-    """The single legal action that improves on ``score`` most, or None."""
+def best_step(
+    space: SearchSpace, state: ShardingState, score: Score, better: Callable[[Score, Score], bool] = better
+) -> tuple[Move, ShardingState, Score] | None:
+    """The single legal action that improves on ``score`` most (by ``better``), or None."""
     best = None
     for action in space.legal(state):
         child = space.apply(state, action)
@@ -36,7 +39,7 @@ def replay(space: SearchSpace, actions: tuple[Move, ...]) -> tuple[ShardingState
 
 
 def best_preemption(
-    space: SearchSpace, actions: tuple[Move, ...], score: Score
+    space: SearchSpace, actions: tuple[Move, ...], score: Score, better: Callable[[Score, Score], bool] = better
 ) -> tuple[tuple[Move, ...], ShardingState, Score] | None:
     """The best plan made by deciding one group first and then replaying ``actions`` (earlier
     decisions win, so this overrides what a later tactic chose for that group: the move that

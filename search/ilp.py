@@ -23,6 +23,7 @@ import numpy as np
 
 from automap.shardings import ShardingState
 from search.base import SearchResult, SearchStats
+from search.ceiling import Ceiling
 from search.greedy import replay
 from search.space import GroupAction, SearchSpace
 
@@ -55,6 +56,7 @@ class ILP:
     max_evaluations: int = 4000
     max_rounds: int = 16  # integer programs solved, each cutting off a plan the real model rejects
     time_limit_s: float = 30.0  # for all the solves together: then the best plan found stands
+    ceiling: Ceiling | None = None  # bytes sent and memory a plan may not exceed (as MCTS holds to)
     name: str = "ilp"
 
     def search(self, space: SearchSpace) -> SearchResult:
@@ -70,11 +72,15 @@ class ILP:
             raise TooLarge(f"the exact solver would need {needed} cost evaluations (max_evaluations="
                            f"{self.max_evaluations}): use search.MCTS, or fewer decision groups")
         base = space.score(space.root)
-        t_root, m_root = base.time_s, base.peak_bytes
+        t_root, m_root, w_root = base.time_s, base.peak_bytes, base.estimate.wire_bytes
+        ceiling = self.ceiling
 
-        def effect(*actions: GroupAction) -> tuple[float, float]:
+        def effect(*actions: GroupAction) -> tuple[float, float, float]:
             s = space.score(apply_all(space, _choice(len(opts), actions)))
-            return s.time_s - t_root, s.peak_bytes - m_root
+            return s.time_s - t_root, s.peak_bytes - m_root, s.estimate.wire_bytes - w_root
+
+        def improves(got, best) -> bool:
+            return _improves(got, best, ceiling)
 
         # variables: x[g, option] one-hot per group, then y[pair] for pairs of non-None options
         index: dict[tuple[int, GroupAction | None], int] = {}
@@ -86,22 +92,22 @@ class ILP:
         for g, h in itertools.combinations(groups, 2):
             for a in opts[g][1:]:
                 for b in opts[h][1:]:
-                    t, m = effect(a, b)
-                    pairs.append(((g, a), (h, b), t - single[(g, a)][0] - single[(h, b)][0],
-                                  m - single[(g, a)][1] - single[(h, b)][1]))
+                    both = effect(a, b)
+                    pairs.append(((g, a), (h, b)) + tuple(x - single[(g, a)][i] - single[(h, b)][i]
+                                                          for i, x in enumerate(both)))
         n = len(index) + len(pairs)
-        cost, mem = np.zeros(n), np.zeros(n)
-        for key, (t, m) in single.items():
-            cost[index[key]], mem[index[key]] = t, m
+        cost, mem, wire = np.zeros(n), np.zeros(n), np.zeros(n)
+        for key, (t, m, w) in single.items():
+            cost[index[key]], mem[index[key]], wire[index[key]] = t, m, w
         rows, lo, hi = [], [], []
         for g in groups:  # one option per group
             row = np.zeros(n)
             for o in opts[g]:
                 row[index[(g, o)]] = 1
             rows.append(row), lo.append(1), hi.append(1)
-        for k, (ka, kb, t, m) in enumerate(pairs):
+        for k, (ka, kb, t, m, w) in enumerate(pairs):
             y = len(index) + k
-            cost[y], mem[y] = t, m
+            cost[y], mem[y], wire[y] = t, m, w
             for kx in (ka, kb):  # y <= x
                 row = np.zeros(n)
                 row[y], row[index[kx]] = 1, -1
@@ -109,17 +115,20 @@ class ILP:
             row = np.zeros(n)  # y >= xa + xb - 1
             row[y], row[index[ka]], row[index[kb]] = 1, -1, -1
             rows.append(row), lo.append(-1), hi.append(np.inf)
-        if space.memory_budget is not None:
-            rows.append(mem), lo.append(-np.inf), hi.append(space.memory_budget - m_root)
+        limits = [b for b in (space.memory_budget, ceiling and ceiling.peak_bytes) if b is not None]
+        if limits:
+            rows.append(mem), lo.append(-np.inf), hi.append(min(limits) - m_root)
+        if ceiling is not None:
+            rows.append(wire), lo.append(-np.inf), hi.append(ceiling.wire_bytes * (1 + 1e-9) + 1e-6 - w_root)
         # the pairwise model is exact only without higher-order interactions: start from the best
         # combination evaluated exactly (the root, every single option and pair), then solve;
         # a solution that the real cost model finds over budget or no better is cut off
         # (a no-good cut on its one-hot assignment) and the program solved again
         state, score, actions = space.root, base, ()
-        for combo in [(o,) for g in groups for o in opts[g][1:]] + [(ka[1], kb[1]) for ka, kb, _, _ in pairs]:
+        for combo in [(o,) for g in groups for o in opts[g][1:]] + [(p[0][1], p[1][1]) for p in pairs]:
             cand = apply_all(space, _choice(len(opts), combo))
             got = space.score(cand)
-            if _improves(got, score):
+            if improves(got, score):
                 state, score, actions = cand, got, tuple(combo)
         rounds = 0
         for rounds in range(1, self.max_rounds + 1):
@@ -134,9 +143,9 @@ class ILP:
             combo = tuple(o for _, o in chosen if o is not None)
             cand = apply_all(space, _choice(len(opts), combo))
             got = space.score(cand)
-            if _improves(got, score):
+            if improves(got, score):
                 state, score, actions = cand, got, combo
-            if score.feasible and t_root + result.fun >= score.time_s * (1 - 1e-9):
+            if _fits(score, ceiling) and t_root + result.fun >= score.time_s * (1 - 1e-9):
                 break  # the model's optimum is no better than the best real plan: done
             row = np.zeros(n)  # no-good cut: never this assignment again
             for key in chosen:
@@ -146,12 +155,12 @@ class ILP:
         return SearchResult(state, score, actions, stats, self.name)
 
 
-def brute_force(space: SearchSpace) -> tuple[float, tuple[GroupAction | None, ...]]:
+def brute_force(space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[float, tuple[GroupAction | None, ...]]:
     """The best step time over every combination of options (for testing the solver)."""
     best = (float("inf"), ())
     for choice in itertools.product(*options(space)):
         s = space.score(apply_all(space, choice))
-        if s.feasible and s.time_s < best[0]:
+        if _fits(s, ceiling) and s.time_s < best[0]:
             best = (s.time_s, choice)
     return best
 
@@ -163,8 +172,12 @@ def _choice(n_groups: int, combo: tuple[GroupAction, ...]) -> tuple[GroupAction 
     return tuple(choice)
 
 
-def _improves(got, best) -> bool:
-    """Feasible beats infeasible; among feasible plans, the faster (ties: the first found)."""
-    if got.feasible != best.feasible:
-        return got.feasible
-    return got.time_s < best.time_s if got.feasible else got.peak_bytes < best.peak_bytes
+def _fits(score, ceiling: Ceiling | None) -> bool:
+    return score.feasible and (ceiling is None or ceiling.admits(score))
+
+
+def _improves(got, best, ceiling: Ceiling | None = None) -> bool:
+    """Feasible (and under the ceiling) beats not; among those, the faster (ties: the first found)."""
+    if _fits(got, ceiling) != _fits(best, ceiling):
+        return _fits(got, ceiling)
+    return got.time_s < best.time_s if _fits(got, ceiling) else got.peak_bytes < best.peak_bytes

@@ -19,6 +19,7 @@ import numpy as np
 
 from automap.shardings import ShardingState
 from search.base import SearchResult, SearchStats, better
+from search.ceiling import Ceiling, backed_up, ranked
 from search.greedy import best_preemption, best_step
 from search.space import Move, Score, SearchSpace, TacticAction
 
@@ -124,6 +125,7 @@ class MCTS:
     polish_steps: int = 4  # greedy one-move improvements of the best plan after the episodes
     seed_tactics: bool = True  # the first episodes try the compositions of tactic macros (one per mesh axis)
     tie_tolerance: float = 0.01  # plans this close to the fastest count as ties: the leanest wins
+    expert_ceiling: bool = True  # never send more bytes or hold more memory than the fastest seed (ceiling.py)
     preempt: bool = False  # polishing may also decide one group before the plan's actions (costly: replays)
     progress: bool | None = None  # None: a bar on a terminal when the search runs over ~2 s
     name: str = "mcts"
@@ -132,16 +134,24 @@ class MCTS:
         rng = np.random.default_rng(self.seed)
         t0 = time.perf_counter()
         root = Node(space.root, (), space.legal(space.root))
+        ceiling: Ceiling | None = None
+
+        def better(a: Score, b: Score) -> bool:  # noqa: F811  (ranks under the ceiling)
+            return ranked(a, ceiling) > ranked(b, ceiling)
+
         best_state, best = space.root, space.score(space.root)
         best_actions: tuple[Move, ...] = ()
         curve = []
         seeds = tactic_compositions(space, limit=self.episodes // 2) if self.seed_tactics else []
         bar = _progress(self.episodes, self.progress)  # the seeds are episodes too
-        for leaf in (n for seq in seeds if (n := _grow(space, root, seq)) is not None):
+        grown = [n for seq in seeds if (n := _grow(space, root, seq)) is not None]
+        if self.expert_ceiling and grown:
+            ceiling = _ceiling_of(space, [root] + grown)
+        for leaf in grown:
             leaf_score = space.score(leaf.state)
             if better(leaf_score, best):
                 best_state, best, best_actions = leaf.state, leaf_score, leaf.actions
-            backup(_path(root, leaf.actions), leaf_score.reward)
+            backup(_path(root, leaf.actions), backed_up(leaf_score, ceiling))
             curve.append(best.reward)
             if bar is not None:
                 bar.update(1)
@@ -158,7 +168,7 @@ class MCTS:
             if better(end, best):
                 best_state, best = end_state, end
                 best_actions = leaf.actions + _actions_between(space, leaf.state, end_state)
-            backup(path, max(end.reward, leaf_score.reward))
+            backup(path, max(backed_up(end, ceiling), backed_up(leaf_score, ceiling)))
             curve.append(best.reward)
             if bar is not None:
                 bar.update(1)
@@ -170,18 +180,21 @@ class MCTS:
         if bar is not None:
             bar.close()
         for _ in range(self.polish_steps):  # hill-climb from the best plan: one move at a time
-            step = best_step(space, best_state, best)
+            step = best_step(space, best_state, best, better)
             if step is not None:
                 best_actions, best_state, best = best_actions + (step[0],), step[1], step[2]
-            elif self.preempt and (moved := best_preemption(space, best_actions, best)) is not None:
+            elif self.preempt and (moved := best_preemption(space, best_actions, best, better)) is not None:
                 best_actions, best_state, best = moved
             else:
                 break
             curve.append(best.reward)
         best_state, best, best_actions = leanest_tie(root, (best_state, best, best_actions), self.tie_tolerance,
-                                                     space)
+                                                     space, ceiling)
         stats = SearchStats(episodes, space.evaluations, time.perf_counter() - t0, space.eval_time_s, tuple(curve))
-        return SearchResult(best_state, best, best_actions, stats, self.name)
+        notes = () if ceiling is None else (
+            f"held to the bytes sent ({ceiling.wire_bytes / 2**20:.2f} MiB) and memory "
+            f"({ceiling.peak_bytes / 2**20:.1f} MiB) per device of the fastest expert plan: {ceiling.source}",)
+        return SearchResult(best_state, best, best_actions, stats, self.name, notes)
 
 
 def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]]:
@@ -208,6 +221,22 @@ def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]
     options = [[()] + [(TacticAction(m, axis),) for m in space.macros] for axis in space.axes]
     combos = [sum(c, ()) for c in itertools.product(*options)]
     return sorted((c for c in combos if c), key=len)[:limit]
+
+
+def expert_ceiling(space: SearchSpace) -> Ceiling | None:
+    """The ceiling :class:`MCTS` holds its answer to: the bytes sent and the memory of the fastest
+    feasible plan among the tactic compositions and the root (the plan before the search; None
+    without tactics or when none of them fits). Give it to
+    ``search.ILP(ceiling=...)`` to solve the same problem exactly."""
+    root = Node(space.root, (), space.legal(space.root))
+    seeds = tactic_compositions(space, limit=4 ** len(space.axes))
+    grown = [n for seq in seeds if (n := _grow(space, root, seq)) is not None]
+    return _ceiling_of(space, [root] + grown) if grown else None
+
+
+def _ceiling_of(space: SearchSpace, leaves: list[Node]) -> Ceiling | None:
+    return Ceiling.of_fastest((space.score(n.state), " + ".join(space.describe(a) for a in n.actions)
+                               or "the plan before the search") for n in leaves)
 
 
 def _grow(space: SearchSpace, root: Node, actions: tuple[Move, ...]) -> Node | None:
@@ -237,10 +266,11 @@ def _path(root: Node, actions: tuple[Move, ...]) -> list[Node]:
 
 
 def leanest_tie(root: Node, best: tuple[ShardingState, Score, tuple[Move, ...]], tolerance: float,
-                space: SearchSpace) -> tuple[ShardingState, Score, tuple[Move, ...]]:
-    """Among the tree's feasible plans within ``tolerance`` of the best estimated time, the one
-    that sends the fewest bytes, then holds the least memory. Estimates closer than that are
-    below the cost model's resolution; bytes and memory are what it predicts best.
+                space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[ShardingState, Score, tuple[Move, ...]]:
+    """Among the tree's feasible plans within ``tolerance`` of the best estimated time (and under
+    ``ceiling``, when given), the one that sends the fewest bytes, then holds the least memory.
+    Estimates closer than that are below the cost model's resolution; bytes and memory are what
+    it predicts best.
 
     ``best`` is (state, score, actions); the answer has the same form. With ``tolerance=0`` only
     exact ties in time can replace it (``tests/search/test_search.py`` runs this on a real tree).
@@ -258,7 +288,8 @@ def leanest_tie(root: Node, best: tuple[ShardingState, Score, tuple[Move, ...]],
         node = stack.pop()
         stack.extend(node.children.values())
         got = space.score(node.state)
-        if got.feasible and got.time_s <= limit and lean(got) < lean(score):
+        admitted = ceiling is None or ceiling.admits(got)
+        if got.feasible and admitted and got.time_s <= limit and lean(got) < lean(score):
             state, score, actions = node.state, got, node.actions
     return state, score, actions
 

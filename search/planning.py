@@ -47,5 +47,5 @@ def run_search(
         f"search {result.searcher}: {result.stats.episodes} episodes, {result.stats.states_evaluated} plans "
         f"evaluated in {result.stats.wall_time_s:.2f} s; estimated step {result.score.time_s * 1e3:.3f} ms, "
         f"peak {human_bytes(result.score.peak_bytes)}/device (budget {human_bytes(budget)})",
-    ) + tuple(f"search: {d}" for d in result.describe(space))
+    ) + tuple(f"search: {d}" for d in result.describe(space)) + tuple(f"search: {n}" for n in result.notes)
     return result.state, result, notes

@@ -4,11 +4,15 @@ XLA reports ``argument + output - alias + temp`` per device; the estimate mirror
 arguments (every input, sharded), outputs, aliased (donated inputs whose buffer an output
 reuses) and the peak of the live temporaries walking the ops in order. Only *materialized*
 values count as temporaries: XLA fuses chains of elementwise work, so a value made by a fusible
-op and read only by fusible ops or reductions never exists in memory. A ``scan`` adds the peak
+op and read only by fusible ops or reductions never exists in memory; it is recomputed in each
+reader's kernel, so the buffers it is computed from stay live until its last reader (a forward
+value recomputed in the backward pass keeps its sources alive). An expensive elementwise result
+(``exp``, ``tanh``, ...) read by several ops is not recomputed but stored. A ``scan`` adds the peak
 of its body (one iteration) while it runs; its stacked outputs are ordinary values.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import itertools
@@ -30,6 +34,13 @@ MATERIALIZING = frozenset({
 # consumers that read their operands from memory (a fusible producer feeding them materializes)
 READS_MEMORY = MATERIALIZING - {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
                                 "reduce_or", "reduce_xor", "concatenate", "pad"}
+# elementwise ops too costly to recompute: XLA does not duplicate them into several consumers'
+# fusions, so a result read by more than one op is written to memory (a softmax's exp, a GELU's tanh)
+EXPENSIVE = frozenset({
+    "exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "erf", "erfc", "erf_inv", "sqrt", "rsqrt", "cbrt",
+    "pow", "div", "atan2", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "lgamma", "digamma", "igamma", "rem",
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +57,18 @@ class MemoryEstimate:
 
 
 def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
-    """Values of ``ops`` that exist as buffers (see the module docstring)."""
+    """Values of ``ops`` that exist as buffers (see the module docstring): results of
+    materializing ops, operands of ops that read memory, and results of expensive elementwise ops
+    that more than one op reads."""
     keep = set(outputs)
+    readers: collections.Counter[int] = collections.Counter()
+    for op in ops:
+        readers.update(set(op.inputs))
     for op in ops:
         if op.primitive in MATERIALIZING or op.regions:
             keep.update(op.outputs)
+        elif op.primitive in EXPENSIVE:
+            keep.update(v for v in op.outputs if readers[v] > 1)
         if op.primitive in READS_MEMORY or op.regions:
             keep.update(op.inputs)
     return keep
@@ -58,21 +76,20 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
 
 def temp_peak(
     program: Program, state: ShardingState, ops: Sequence[Op], outputs: Sequence[int],
-    reshards: Mapping[int, Sequence[Reshard]] = {},
+    reshards: Mapping[int, Sequence[Reshard]] = {}, buffers: Sequence[tuple[int, int]] = (),
 ) -> int:
-    """Peak bytes of live materialized temporaries while ``ops`` run (outputs excluded).
+    """Peak bytes of live materialized temporaries while ``ops`` run (outputs excluded) that do
+    not fit in ``buffers``: (op id that writes it, bytes) of the output buffers, which hold one
+    temporary at a time (of at most their size) until the output is written, as XLA's buffer
+    assignment reuses them.
 
     Resharded operands are temporaries too: a gathered parameter lives from its first use to
     its last (XLA gathers it once and keeps it), an all-to-all copy for the op that needs it."""
     live_ranges = _liveness(program, ops, outputs)
-    delta = [0] * (len(ops) + 1)
-    size = _sizer(state)
-    for v, s, e in live_ranges.values:
-        nbytes = size(v)
-        delta[s] += nbytes
-        delta[e + 1] -= nbytes
-    copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
     index = live_ranges.index
+    size = _sizer(state)
+    spans = [(s, e, size(v)) for v, s, e in live_ranges.values]
+    copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
     for i, rs in sorted((index[op], rs) for op, rs in reshards.items() if op in index):  # in program order
         for r in rs:
             if r.where == "operand":
@@ -80,15 +97,31 @@ def temp_peak(
                 got[1] = i
             elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
                 copies[(r.value, r.kind, r.axes, i)] = [i, i, r.bytes]
-    for first, last, nbytes in copies.values():
+    spans.extend(tuple(c) for c in copies.values())
+    delta = [0] * (len(ops) + 1)
+    for first, last, nbytes in spans:
         delta[first] += nbytes
         delta[last + 1] -= nbytes
     live = list(itertools.accumulate(delta[: len(ops)]))  # after each op starts
-    peak = max(max(live, default=0), 0)
     for i, regions in live_ranges.regions:  # a body's own peak while its op runs
-        transient = max(temp_peak(program, state, r.ops, r.outputs, reshards) for r in regions)
-        peak = max(peak, live[i] + transient)
+        live[i] += max(temp_peak(program, state, r.ops, r.outputs, reshards) for r in regions)
+    if not buffers or not live:
+        return max(max(live, default=0), 0)
+    written = sorted((index.get(op, -1), nbytes) for op, nbytes in buffers)
+    peak = 0
+    for i in sorted(range(len(live)), key=live.__getitem__)[-_REUSE_CANDIDATES:]:
+        free = sorted(nbytes for at, nbytes in written if at > i)
+        unplaced = live[i]
+        for nbytes in sorted((b for s, e, b in spans if s <= i <= e), reverse=True):
+            k = bisect.bisect_left(free, nbytes)  # the smallest free buffer it fits in
+            if k < len(free):
+                unplaced -= nbytes
+                free.pop(k)
+        peak = max(peak, unplaced)
     return peak
+
+
+_REUSE_CANDIDATES = 4  # the highest points of the live temporaries where reuse is worked out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +154,12 @@ def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int]) -> _L
         for region in op.regions:  # outer values read inside the body stay live for the whole op
             for inner in _reads(region.ops):
                 end[inner] = i
+    for i in range(len(ops) - 1, -1, -1):  # a fused result is recomputed where it is read: its
+        fused = [v for v in ops[i].outputs if v not in keep]  # operands live until its last reader
+        if fused:
+            last = max(end.get(v, i) for v in fused)
+            for v in ops[i].inputs:
+                end[v] = max(end.get(v, i), last)
     values = tuple((v, s, max(end.get(v, s), s)) for v, s in start.items())
     regions = tuple((i, op.regions) for i, op in enumerate(ops) if op.regions)
     got = _Liveness(ops, values, regions, {op.id: i for i, op in enumerate(ops)})
@@ -160,15 +199,20 @@ def estimate_memory(
     for v in dict.fromkeys(program.inputs):
         if v in donated:
             free.setdefault(size(v), collections.deque()).append(v)
+    own: list[tuple[int, int]] = []  # (op id writing it (-1: an input passed through), bytes): own buffers
+    producer = {v: op.id for op in program.ops for v in op.outputs}
     for v in outs:  # an output may reuse a donated input buffer of the same size (the first one left)
         nbytes = size(v)
         if free.get(nbytes):
             aliased += nbytes
             free[nbytes].popleft()
+        else:
+            own.append((producer.get(v, -1), nbytes))
     by_op: dict[int, list[Reshard]] = {}
     for r in all_reshards(state) if reshards is None else reshards:
         by_op.setdefault(r.op, []).append(r)
-    return MemoryEstimate(arguments, outputs, aliased, temp_peak(program, state, program.ops, outs, by_op))
+    # an output's buffer holds temporaries until the output is written: the temp is what does not fit
+    return MemoryEstimate(arguments, outputs, aliased, temp_peak(program, state, program.ops, outs, by_op, own))
 
 
 def _sizer(state: ShardingState) -> Callable[[int], int]:
