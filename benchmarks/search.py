@@ -119,7 +119,8 @@ def quality(args, topo) -> None:
                         try:
                             exact = search.ILP(ceiling=ceiling).search(search.SearchSpace(
                                 root, topology=topo, memory_budget=budget, data_inputs=ctx.data_inputs))
-                            ilp_txt = f"{result.score.time_s / exact.score.time_s:.3f}"
+                            fits = exact.score.feasible and (ceiling is None or ceiling.admits(exact.score))
+                            ilp_txt = f"{result.score.time_s / exact.score.time_s:.3f}" if fits else "none fits"
                         except search.TooLarge:
                             ilp_txt = "too large"
                     ratio = result.score.time_s / best.time_s if best else float("nan")

@@ -12,7 +12,6 @@ of its body (one iteration) while it runs; its stacked outputs are ordinary valu
 """
 from __future__ import annotations
 
-import bisect
 import collections
 import dataclasses
 import itertools
@@ -80,8 +79,10 @@ def temp_peak(
 ) -> int:
     """Peak bytes of live materialized temporaries while ``ops`` run (outputs excluded) that do
     not fit in ``buffers``: (op id that writes it, bytes) of the output buffers, which hold one
-    temporary at a time (of at most their size) until the output is written, as XLA's buffer
-    assignment reuses them.
+    temporary of their own size at a time until the output is written, as XLA's buffer
+    assignment reuses them (a gradient in its parameter's future buffer). XLA also places
+    smaller values in them; matching sizes exactly predicted XLA's temp best on the zoo GPT
+    (``benchmarks/cost_fidelity.py``).
 
     Resharded operands are temporaries too: a gathered parameter lives from its first use to
     its last (XLA gathers it once and keeps it), an all-to-all copy for the op that needs it."""
@@ -110,13 +111,12 @@ def temp_peak(
     written = sorted((index.get(op, -1), nbytes) for op, nbytes in buffers)
     peak = 0
     for i in sorted(range(len(live)), key=live.__getitem__)[-_REUSE_CANDIDATES:]:
-        free = sorted(nbytes for at, nbytes in written if at > i)
+        free = collections.Counter(nbytes for at, nbytes in written if at > i)
         unplaced = live[i]
-        for nbytes in sorted((b for s, e, b in spans if s <= i <= e), reverse=True):
-            k = bisect.bisect_left(free, nbytes)  # the smallest free buffer it fits in
-            if k < len(free):
+        for nbytes in (b for s, e, b in spans if s <= i <= e):
+            if free[nbytes] > 0:  # a free output buffer of its size
                 unplaced -= nbytes
-                free.pop(k)
+                free[nbytes] -= 1
         peak = max(peak, unplaced)
     return peak
 
