@@ -90,8 +90,9 @@ def measured(w, state, axes: dict) -> tuple[int, float, int]:
 
 def quality(args, topo) -> None:
     print("(a) quality: estimated step time, ratio MCTS / best fitting expert (<= 1 is as good or better); "
-          "'vs ILP': MCTS / the exact solver's optimum over single group actions, under the same expert ceiling "
-          "(2-layer models); experts: the named plans and every composition of the tactics")
+          "'vs ILP': MCTS / the exact solver's optimum (a tactic composition, then one action per group), under the "
+          "same expert ceiling (2-layer models; *: the solver stopped at its limits before proving optimality); "
+          "experts: the named plans and every composition of the tactics")
     print(f"{'model':<14} {'mesh':<4} {'budget':<9} {'best expert':<44} {'expert ms':>9} {'mcts ms':>9} "
           f"{'ratio':>6} {'greedy':>6} {'vs ILP':>9} {'fits':>4}  plan")
     layer_set = (2,) if args.quick else tuple(int(n) for n in args.layers.split(","))
@@ -118,9 +119,10 @@ def quality(args, topo) -> None:
                     if layers == 2:
                         try:
                             exact = search.ILP(ceiling=ceiling).search(search.SearchSpace(
-                                root, topology=topo, memory_budget=budget, data_inputs=ctx.data_inputs))
+                                root, topology=topo, memory_budget=budget, data_inputs=ctx.data_inputs, context=ctx))
                             fits = exact.score.feasible and (ceiling is None or ceiling.admits(exact.score))
-                            ilp_txt = f"{result.score.time_s / exact.score.time_s:.3f}" if fits else "none fits"
+                            proved = "" if exact.notes == (search.ilp.OPTIMAL,) else "*"
+                            ilp_txt = f"{result.score.time_s / exact.score.time_s:.3f}{proved}" if fits else "none fits"
                         except search.TooLarge:
                             ilp_txt = "too large"
                     ratio = result.score.time_s / best.time_s if best else float("nan")

@@ -1,23 +1,26 @@
 """An exact solver on small search spaces: an integer program over one choice per decision group.
 
 Each group chooses one option: stay as it is, or one of its legal actions at the root (tile one
-dim on one mesh axis). The cost model is evaluated for every single choice and every pair of
-choices of two groups; the step time (and the peak memory, for the budget) of a combination is
-then ``root + sum of single effects + sum of pairwise interactions``, which is exact when no three
-choices interact beyond their pairs (always, with two groups). The integer program (scipy's
-``milp``, HiGHS) minimises that time under the budget, with the usual linearisation of the pair
-products. Every solution is evaluated with the real cost model; one that is over the budget or
-slower than the model said is cut off (a no-good cut) and the program solved again, until the
-model's optimum is no better than the best real plan. The result is never worse than any
-combination evaluated exactly (the root, every single option and pair), and it fits the budget
-whenever one of those or a solution does. ``max_evaluations`` bounds the size: larger spaces
-raise :class:`TooLarge`.
+dim on one mesh axis). With tactics, one more decision comes first: which composition of the
+tactic macros (one per mesh axis, or none) to start from, the plans :class:`search.MCTS` seeds
+its tree with; the groups' options then refine it. The cost model is evaluated for every single
+choice and every pair of choices of two decisions; the step time (and the peak memory and bytes
+sent, for the budget and a ceiling) of a combination is then ``root + sum of single effects +
+sum of pairwise interactions``, which is exact when no three choices interact beyond their pairs
+(always, with two decisions). The integer program (scipy's ``milp``, HiGHS) minimises that time
+under the budget (and the ceiling), with the usual linearisation of the pair products. Every
+solution is evaluated with the real cost model; one that is over the budget or slower than the
+model said is cut off (a no-good cut) and the program solved again, until the model's optimum is
+no better than the best real plan. The result is never worse than any combination evaluated
+exactly (the root, every single option and pair), and it fits the budget whenever one of those
+or a solution does. ``max_evaluations`` bounds the size: larger spaces raise :class:`TooLarge`.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -27,21 +30,33 @@ from search.ceiling import Ceiling
 from search.greedy import replay
 from search.space import GroupAction, SearchSpace
 
+OPTIMAL = "optimal under the pairwise cost model"  # the note of a result the solver proved
+
 
 class TooLarge(ValueError):
     """The space needs more cost-model evaluations than the exact solver is allowed."""
 
 
-def options(space: SearchSpace) -> list[list[GroupAction | None]]:
-    """Per group: None (leave it) and each legal action of the group at the root."""
+Option = tuple  # the moves one choice makes: () leaves the group as it is
+
+
+def options(space: SearchSpace) -> list[list[Option]]:
+    """Per decision: () (leave it) and each alternative, as the moves it makes. With tactics
+    (a space with a context) the first decision is the tactic composition, one of those
+    :class:`search.MCTS` seeds its tree with (applied first, so group actions refine it); then
+    per group, each legal action of the group at the root."""
+    from search.mcts import tactic_compositions
+
     legal = [a for a in space.legal(space.root) if isinstance(a, GroupAction)]
-    return [[None] + [a for a in legal if a.group == g] for g in range(len(space.groups))]
+    groups = [[()] + [(a,) for a in legal if a.group == g] for g in range(len(space.groups))]
+    compositions = tactic_compositions(space, limit=4 ** len(space.axes))
+    return ([[()] + compositions] if compositions else []) + groups
 
 
-def apply_all(space: SearchSpace, choice: tuple[GroupAction | None, ...]) -> ShardingState:
-    """Apply the chosen options in group order; an option that an earlier one already decided
+def apply_all(space: SearchSpace, choice: Sequence[Option]) -> ShardingState:
+    """Apply the chosen options in decision order; a move that an earlier one already decided
     (propagation tiled that dim, or took its axis) is skipped: the earlier decision stands."""
-    return replay(space, tuple(a for a in choice if a is not None))[0]
+    return replay(space, tuple(m for option in choice for m in option))[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,24 +90,24 @@ class ILP:
         t_root, m_root, w_root = base.time_s, base.peak_bytes, base.estimate.wire_bytes
         ceiling = self.ceiling
 
-        def effect(*actions: GroupAction) -> tuple[float, float, float]:
-            s = space.score(apply_all(space, _choice(len(opts), actions)))
+        def effect(*chosen: tuple[int, Option]) -> tuple[float, float, float]:
+            s = space.score(apply_all(space, _choice(len(opts), chosen)))
             return s.time_s - t_root, s.peak_bytes - m_root, s.estimate.wire_bytes - w_root
 
         def improves(got, best) -> bool:
             return _improves(got, best, ceiling)
 
-        # variables: x[g, option] one-hot per group, then y[pair] for pairs of non-None options
-        index: dict[tuple[int, GroupAction | None], int] = {}
+        # variables: x[g, option] one-hot per decision, then y[pair] for pairs of non-empty options
+        index: dict[tuple[int, Option], int] = {}
         for g in groups:
             for o in opts[g]:
                 index[(g, o)] = len(index)
-        single = {(g, o): effect(o) for g in groups for o in opts[g][1:]}
+        single = {(g, o): effect((g, o)) for g in groups for o in opts[g][1:]}
         pairs = []
         for g, h in itertools.combinations(groups, 2):
             for a in opts[g][1:]:
                 for b in opts[h][1:]:
-                    both = effect(a, b)
+                    both = effect((g, a), (h, b))
                     pairs.append(((g, a), (h, b)) + tuple(x - single[(g, a)][i] - single[(h, b)][i]
                                                           for i, x in enumerate(both)))
         n = len(index) + len(pairs)
@@ -125,12 +140,12 @@ class ILP:
         # a solution that the real cost model finds over budget or no better is cut off
         # (a no-good cut on its one-hot assignment) and the program solved again
         state, score, actions = space.root, base, ()
-        for combo in [(o,) for g in groups for o in opts[g][1:]] + [(p[0][1], p[1][1]) for p in pairs]:
+        for combo in [((g, o),) for g in groups for o in opts[g][1:]] + [(p[0], p[1]) for p in pairs]:
             cand = apply_all(space, _choice(len(opts), combo))
             got = space.score(cand)
             if improves(got, score):
-                state, score, actions = cand, got, tuple(combo)
-        rounds = 0
+                state, score, actions = cand, got, tuple(m for _, o in combo for m in o)
+        rounds, proved = 0, False
         for rounds in range(1, self.max_rounds + 1):
             left = self.time_limit_s - (time.perf_counter() - t0)
             if left <= 0:
@@ -138,24 +153,29 @@ class ILP:
             result = milp(cost, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=np.ones(n),
                           bounds=(0, 1), options={"time_limit": left})
             if result.x is None:
-                break  # no combination left that the model thinks fits
+                proved = result.status == 2  # infeasible: no combination left that the model thinks fits
+                break
             chosen = [(g, o) for (g, o), i in index.items() if result.x[i] > 0.5]
-            combo = tuple(o for _, o in chosen if o is not None)
+            combo = tuple((g, o) for g, o in chosen if o)
             cand = apply_all(space, _choice(len(opts), combo))
             got = space.score(cand)
             if improves(got, score):
-                state, score, actions = cand, got, combo
+                state, score, actions = cand, got, tuple(m for _, o in combo for m in o)
             if _fits(score, ceiling) and t_root + result.fun >= score.time_s * (1 - 1e-9):
-                break  # the model's optimum is no better than the best real plan: done
+                proved = result.status == 0  # the model's optimum is no better than the best real plan: done
+                break
             row = np.zeros(n)  # no-good cut: never this assignment again
             for key in chosen:
                 row[index[key]] = 1
             rows.append(row), lo.append(-np.inf), hi.append(len(chosen) - 1)
         stats = SearchStats(rounds, space.evaluations, time.perf_counter() - t0, space.eval_time_s)
-        return SearchResult(state, score, actions, stats, self.name)
+        note = OPTIMAL if proved else (f"not proved optimal: stopped after {rounds} integer programs in "
+                                       f"{stats.wall_time_s:.1f} s (max_rounds={self.max_rounds}, "
+                                       f"time_limit_s={self.time_limit_s})")
+        return SearchResult(state, score, actions, stats, self.name, (note,))
 
 
-def brute_force(space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[float, tuple[GroupAction | None, ...]]:
+def brute_force(space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[float, tuple[Option, ...]]:
     """The best step time over every combination of options (for testing the solver)."""
     best = (float("inf"), ())
     for choice in itertools.product(*options(space)):
@@ -165,10 +185,10 @@ def brute_force(space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[flo
     return best
 
 
-def _choice(n_groups: int, combo: tuple[GroupAction, ...]) -> tuple[GroupAction | None, ...]:
-    choice: list[GroupAction | None] = [None] * n_groups
-    for a in combo:
-        choice[a.group] = a
+def _choice(n_decisions: int, chosen: Sequence[tuple[int, Option]]) -> tuple[Option, ...]:
+    choice: list[Option] = [()] * n_decisions
+    for g, option in chosen:
+        choice[g] = option
     return tuple(choice)
 
 

@@ -145,8 +145,9 @@ class MCTS:
         seeds = tactic_compositions(space, limit=self.episodes // 2) if self.seed_tactics else []
         bar = _progress(self.episodes, self.progress)  # the seeds are episodes too
         grown = [n for seq in seeds if (n := _grow(space, root, seq)) is not None]
-        if self.expert_ceiling and grown:
-            ceiling = _ceiling_of(space, [root] + grown)
+        expert = _fastest(space, [root] + grown) if self.expert_ceiling and grown else None
+        if expert is not None:
+            ceiling = _ceiling_of(space, expert)
         for leaf in grown:
             leaf_score = space.score(leaf.state)
             if better(leaf_score, best):
@@ -188,8 +189,9 @@ class MCTS:
             else:
                 break
             curve.append(best.reward)
+        anchor = None if expert is None else (expert.state, space.score(expert.state), expert.actions)
         best_state, best, best_actions = leanest_tie(root, (best_state, best, best_actions), self.tie_tolerance,
-                                                     space, ceiling)
+                                                     space, ceiling, anchor)
         stats = SearchStats(episodes, space.evaluations, time.perf_counter() - t0, space.eval_time_s, tuple(curve))
         notes = () if ceiling is None else (
             f"held to the bytes sent ({ceiling.wire_bytes / 2**20:.2f} MiB) and memory "
@@ -231,12 +233,20 @@ def expert_ceiling(space: SearchSpace) -> Ceiling | None:
     root = Node(space.root, (), space.legal(space.root))
     seeds = tactic_compositions(space, limit=4 ** len(space.axes))
     grown = [n for seq in seeds if (n := _grow(space, root, seq)) is not None]
-    return _ceiling_of(space, [root] + grown) if grown else None
+    expert = _fastest(space, [root] + grown) if grown else None
+    return None if expert is None else _ceiling_of(space, expert)
 
 
-def _ceiling_of(space: SearchSpace, leaves: list[Node]) -> Ceiling | None:
-    return Ceiling.of_fastest((space.score(n.state), " + ".join(space.describe(a) for a in n.actions)
-                               or "the plan before the search") for n in leaves)
+def _fastest(space: SearchSpace, nodes: list[Node]) -> Node | None:
+    """The node of the fastest feasible plan (the first of equals), or None."""
+    fitting = [n for n in nodes if space.score(n.state).feasible]
+    return min(fitting, key=lambda n: space.score(n.state).time_s) if fitting else None
+
+
+def _ceiling_of(space: SearchSpace, node: Node) -> Ceiling:
+    score = space.score(node.state)
+    source = " + ".join(space.describe(a) for a in node.actions) or "the plan before the search"
+    return Ceiling(score.estimate.wire_bytes, score.peak_bytes, source)
 
 
 def _grow(space: SearchSpace, root: Node, actions: tuple[Move, ...]) -> Node | None:
@@ -266,19 +276,35 @@ def _path(root: Node, actions: tuple[Move, ...]) -> list[Node]:
 
 
 def leanest_tie(root: Node, best: tuple[ShardingState, Score, tuple[Move, ...]], tolerance: float,
-                space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[ShardingState, Score, tuple[Move, ...]]:
+                space: SearchSpace, ceiling: Ceiling | None = None,
+                anchor: tuple[ShardingState, Score, tuple[Move, ...]] | None = None,
+                ) -> tuple[ShardingState, Score, tuple[Move, ...]]:
     """Among the tree's feasible plans within ``tolerance`` of the best estimated time (and under
     ``ceiling``, when given), the one that sends the fewest bytes, then holds the least memory.
     Estimates closer than that are below the cost model's resolution; bytes and memory are what
     it predicts best.
 
-    ``best`` is (state, score, actions); the answer has the same form. With ``tolerance=0`` only
-    exact ties in time can replace it (``tests/search/test_search.py`` runs this on a real tree).
+    ``anchor`` (the fastest expert plan), when it is in that band, is the answer unless a plan is
+    clearly leaner: ``tolerance`` fewer bytes and no more memory, or ``tolerance`` less memory
+    and no more bytes. A plan that differs from the expert's by less than the model resolves is
+    not worth the risk that the compiled program disagrees.
+
+    ``best`` and ``anchor`` are (state, score, actions); the answer has the same form. With
+    ``tolerance=0`` only exact ties in time can replace ``best`` (``tests/search/test_search.py``
+    runs this on a real tree).
     """
     state, score, actions = best
     if tolerance <= 0 or not score.feasible:
         return best
     limit = score.time_s * (1 + tolerance)
+    leaner_than_anchor = None
+    if anchor is not None and anchor[1].feasible and anchor[1].time_s <= limit:
+        state, score, actions = anchor
+        wire, peak = anchor[1].estimate.wire_bytes, anchor[1].peak_bytes
+
+        def leaner_than_anchor(s: Score) -> bool:
+            w, p = s.estimate.wire_bytes, s.peak_bytes
+            return (w <= wire * (1 - tolerance) and p <= peak) or (p <= peak * (1 - tolerance) and w <= wire)
 
     def lean(s: Score) -> tuple:
         return round(s.estimate.wire_bytes), s.peak_bytes, s.time_s
@@ -288,7 +314,7 @@ def leanest_tie(root: Node, best: tuple[ShardingState, Score, tuple[Move, ...]],
         node = stack.pop()
         stack.extend(node.children.values())
         got = space.score(node.state)
-        admitted = ceiling is None or ceiling.admits(got)
+        admitted = (ceiling is None or ceiling.admits(got)) and (leaner_than_anchor is None or leaner_than_anchor(got))
         if got.feasible and admitted and got.time_s <= limit and lean(got) < lean(score):
             state, score, actions = node.state, got, node.actions
     return state, score, actions

@@ -195,6 +195,37 @@ def test_near_ties_go_to_the_plan_that_sends_fewer_bytes():
     assert score.estimate.wire_bytes < scores[i].estimate.wire_bytes  # with a 10x tolerance: a leaner one
 
 
+def test_a_near_tie_replaces_the_fastest_expert_plan_only_when_clearly_leaner():
+    import types
+
+    from search.mcts import Node, leanest_tie
+
+    def plan(name, time_s, wire, peak):
+        return name, types.SimpleNamespace(time_s=time_s, peak_bytes=peak, feasible=True,
+                                           estimate=types.SimpleNamespace(wire_bytes=wire))
+
+    expert = plan("expert", 1.000, 100.0, 1000)
+    fastest = plan("fastest", 0.998, 99.5, 1000)  # faster, leaner by less than the model resolves
+    slightly = plan("slightly", 1.005, 99.5, 995)
+    clearly = plan("clearly", 1.006, 95.0, 1000)  # 5% fewer bytes, no more memory
+    scores = dict([expert, fastest, slightly, clearly])
+    space = types.SimpleNamespace(score=scores.__getitem__)
+
+    def answer(*names):
+        root = Node("expert", (), [])
+        for n in names:
+            root.children[n] = Node(n, (n,), [])
+        got = leanest_tie(root, ("fastest", scores["fastest"], ("fastest",)), 0.01, space,
+                          anchor=("expert", scores["expert"], ()))
+        return got[0]
+
+    assert answer("fastest", "slightly") == "expert"
+    assert answer("fastest", "slightly", "clearly") == "clearly"
+    root = Node("expert", (), [])
+    root.children["fastest"] = Node("fastest", ("fastest",), [])
+    assert leanest_tie(root, ("fastest", scores["fastest"], ()), 0.01, space)[0] == "fastest"  # no anchor
+
+
 def _mlp_space(budget=None):
     import jax.numpy as jnp
 
@@ -219,10 +250,32 @@ def test_ilp_equals_brute_force(budget):
 
     best_time, _ = brute_force(_mlp_space(budget))
     result = search.ILP().search(_mlp_space(budget))
-    assert result.score.feasible
+    assert result.score.feasible and result.notes == (search.ilp.OPTIMAL,)
     assert result.score.time_s == pytest.approx(best_time, rel=1e-12)
     mcts = search.MCTS(episodes=24, seed=0).search(_mlp_space(budget))
     assert mcts.score.time_s <= best_time * 1.02  # the search's gap, measured
+
+
+def test_with_tactics_the_ilp_also_chooses_a_composition_to_start_from():
+    from search.ilp import brute_force, options
+    from tactics import PlanContext
+
+    prog = automap.lower(jax.make_jaxpr(lambda w, x: w - jax.numpy.tanh(x @ w).T @ x)(np.ones((8, 8)), np.ones((16, 8))),
+                         ["w", "x"], ["w"])
+    axes = {"data": 2, "model": 2}
+    space = search.SearchSpace(ShardingState.initial(prog, axes), topology=Topology.preset("h100-8"),
+                               context=PlanContext(prog, axes, (prog.inputs[1],), (prog.inputs[0],)))
+    first = options(space)[0]
+    assert first[0] == () and len(first) == 16  # none, or one of the 15 compositions
+    best_time, _ = brute_force(space)
+    result = search.ILP().search(space)
+    assert result.notes == (search.ilp.OPTIMAL,)
+    assert result.score.time_s == pytest.approx(best_time, rel=1e-12)
+
+
+def test_an_ilp_stopped_by_its_limits_says_so():
+    result = search.ILP(max_rounds=1, time_limit_s=1e-9).search(_mlp_space())
+    assert result.notes[0].startswith("not proved optimal")
 
 
 def test_ilp_refuses_spaces_too_large():
