@@ -103,13 +103,15 @@ class ILP:
             for o in opts[g]:
                 index[(g, o)] = len(index)
         single = {(g, o): effect((g, o)) for g in groups for o in opts[g][1:]}
-        pairs = []
+        pairs, tried = [], []
         for g, h in itertools.combinations(groups, 2):
             for a in opts[g][1:]:
                 for b in opts[h][1:]:
                     both = effect((g, a), (h, b))
-                    pairs.append(((g, a), (h, b)) + tuple(x - single[(g, a)][i] - single[(h, b)][i]
-                                                          for i, x in enumerate(both)))
+                    tried.append(((g, a), (h, b)))
+                    extra = tuple(x - single[(g, a)][i] - single[(h, b)][i] for i, x in enumerate(both))
+                    if abs(extra[0]) > 1e-12 * t_root or abs(extra[1]) >= 1 or abs(extra[2]) >= 1:
+                        pairs.append(((g, a), (h, b)) + extra)  # they interact: a pair variable
         n = len(index) + len(pairs)
         cost, mem, wire = np.zeros(n), np.zeros(n), np.zeros(n)
         for key, (t, m, w) in single.items():
@@ -140,7 +142,7 @@ class ILP:
         # a solution that the real cost model finds over budget or no better is cut off
         # (a no-good cut on its one-hot assignment) and the program solved again
         state, score, actions = space.root, base, ()
-        for combo in [((g, o),) for g in groups for o in opts[g][1:]] + [(p[0], p[1]) for p in pairs]:
+        for combo in [((g, o),) for g in groups for o in opts[g][1:]] + tried:
             cand = apply_all(space, _choice(len(opts), combo))
             got = space.score(cand)
             if improves(got, score):

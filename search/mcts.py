@@ -110,6 +110,11 @@ def backup(path: list[Node], reward: float) -> None:
 class MCTS:
     """UCT search; deterministic for a seed.
 
+    The first episodes score the tactic compositions (``seed_tactics``). The fastest of them
+    that fits sets a ceiling (``expert_ceiling``, see ``search/ceiling.py``): the answer sends no
+    more bytes and holds no more memory than that expert plan, and replaces it only when faster,
+    or, within ``tie_tolerance`` of it, clearly leaner. The result's ``notes`` name the plan.
+
     >>> import search
     >>> search.MCTS(episodes=8, seed=0).episodes
     8
