@@ -260,8 +260,10 @@ def test_with_tactics_the_ilp_also_chooses_a_composition_to_start_from():
     from search.ilp import brute_force, options
     from tactics import PlanContext
 
-    prog = automap.lower(jax.make_jaxpr(lambda w, x: w - jax.numpy.tanh(x @ w).T @ x)(np.ones((8, 8)), np.ones((16, 8))),
-                         ["w", "x"], ["w"])
+    def step(w, x):
+        return w - jax.numpy.tanh(x @ w).T @ x
+
+    prog = automap.lower(jax.make_jaxpr(step)(np.ones((8, 8)), np.ones((16, 8))), ["w", "x"], ["w"])
     axes = {"data": 2, "model": 2}
     space = search.SearchSpace(ShardingState.initial(prog, axes), topology=Topology.preset("h100-8"),
                                context=PlanContext(prog, axes, (prog.inputs[1],), (prog.inputs[0],)))
