@@ -12,7 +12,6 @@ The answer is then at least as fast as the best expert plan and no heavier in ei
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
 
 from search.space import Score
 
@@ -48,15 +47,6 @@ class Ceiling:
         if score.peak_bytes > self.peak_bytes:
             reward *= (self.peak_bytes / score.peak_bytes) ** 2
         return reward
-
-    @classmethod
-    def of_fastest(cls, scored: Iterable[tuple[Score, str]]) -> "Ceiling | None":
-        """The ceiling of the fastest feasible plan in ``(score, description)`` pairs (None: none is)."""
-        fitting = [(s, d) for s, d in scored if s.feasible]
-        if not fitting:
-            return None
-        score, source = min(fitting, key=lambda sd: sd[0].time_s)
-        return cls(score.estimate.wire_bytes, score.peak_bytes, source)
 
 
 def ranked(score: Score, ceiling: Ceiling | None) -> tuple:
