@@ -222,6 +222,8 @@ def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]
     >>> seeds = tactic_compositions(space, limit=100)
     >>> len(seeds), [f"{a.tactic}({a.axis})" for a in seeds[-1]]  # 3 x 3 pairs + 2 x 3 singles
     (15, ['fsdp(data)', 'fsdp(model)'])
+    >>> expert_ceiling(space).source  # this tiny step is fastest unsharded: nothing may be sent
+    'the plan before the search'
     """
     if not space.macros or not space.axes:
         return []
@@ -234,20 +236,8 @@ def expert_ceiling(space: SearchSpace) -> Ceiling | None:
     """The ceiling :class:`MCTS` holds its answer to: the bytes sent and the memory of the fastest
     feasible plan among the tactic compositions and the root (the plan before the search; None
     without tactics or when none of them fits). Give it to
-    ``search.ILP(ceiling=...)`` to solve the same problem exactly.
-
-    >>> import jax, jax.numpy as jnp
-    >>> from automap.ir.lower import lower
-    >>> from automap.cost import Topology
-    >>> from automap.shardings import ShardingState
-    >>> from search.space import SearchSpace
-    >>> from tactics import PlanContext
-    >>> prog = lower(jax.make_jaxpr(lambda w, x: w - (x @ w))(jnp.ones((8, 8)), jnp.ones((8, 8))), ["w", "x"], ["w"])
-    >>> axes = {"data": 2, "model": 2}
-    >>> space = SearchSpace(ShardingState.initial(prog, axes), topology=Topology.preset("cpu-sim"),
-    ...                     context=PlanContext(prog, axes, (prog.inputs[1],), (prog.inputs[0],)))
-    >>> expert_ceiling(space).source  # this tiny step is fastest unsharded: nothing may be sent
-    'the plan before the search'
+    ``search.ILP(ceiling=...)`` to solve the same problem exactly (example: at the end of
+    :func:`tactic_compositions`'s, which builds a space with tactics).
     """
     root = Node(space.root, (), space.legal(space.root))
     seeds = tactic_compositions(space, limit=4 ** len(space.axes))
