@@ -90,8 +90,8 @@ def measured(w, state, axes: dict) -> tuple[int, float, int]:
 
 def quality(args, topo) -> None:
     print("(a) quality: estimated step time, ratio MCTS / best fitting expert (<= 1 is as good or better); "
-          "'vs ILP': MCTS / the exact solver's optimum (a tactic composition, then one action per group), under the "
-          "same expert ceiling (2-layer models; *: the solver stopped at its limits before proving optimality); "
+          "'vs ILP': MCTS / the exact solver's optimum (a tactic composition, then one or two actions per group), "
+          "under the same expert ceiling (2-layer models; *: the solver stopped at its limits before proving optimality); "
           "experts: the named plans and every composition of the tactics")
     print(f"{'model':<14} {'mesh':<4} {'budget':<9} {'best expert':<44} {'expert ms':>9} {'mcts ms':>9} "
           f"{'ratio':>6} {'greedy':>6} {'vs ILP':>9} {'fits':>4}  plan")
@@ -118,7 +118,8 @@ def quality(args, topo) -> None:
                     ilp_txt = "-"
                     if layers == 2:
                         try:
-                            exact = search.ILP(ceiling=ceiling).search(search.SearchSpace(
+                            exact = search.ILP(ceiling=ceiling, max_evaluations=args.ilp_evaluations,
+                                               time_limit_s=args.ilp_time_limit).search(search.SearchSpace(
                                 root, topology=topo, memory_budget=budget, data_inputs=ctx.data_inputs, context=ctx))
                             fits = exact.score.feasible and (ceiling is None or ceiling.admits(exact.score))
                             proved = "" if exact.notes == (search.ilp.OPTIMAL,) else "*"
@@ -206,6 +207,8 @@ def main() -> int:
     parser.add_argument("--topology", default="h100-8")
     parser.add_argument("--parts", default="abcp")
     parser.add_argument("--layers", default="2,12", help="(a): model depths, comma-separated")
+    parser.add_argument("--ilp-evaluations", type=int, default=20000, help="(a): search.ILP(max_evaluations=...)")
+    parser.add_argument("--ilp-time-limit", type=float, default=180.0, help="(a): search.ILP(time_limit_s=...)")
     parser.add_argument("--measure", action="store_true", help="(a): also compile the plans and measure them")
     args = parser.parse_args()
     topo = Topology.preset(args.topology)

@@ -38,6 +38,27 @@ def replay(space: SearchSpace, actions: tuple[Move, ...]) -> tuple[ShardingState
     return state, tuple(done)
 
 
+def sweep(
+    space: SearchSpace, state: ShardingState, axis: str
+) -> tuple[tuple[Move, ...], ShardingState, Score]:
+    """Tile every decision group that can be on ``axis``, one group at a time (largest first),
+    each with its fastest legal action there, even when that is worse than leaving the group: the
+    move across a plateau that one action at a time cannot cross (sharding each parameter over
+    a second axis adds collectives whose latency is paid once for all of them, so one parameter
+    alone costs more and all of them together less). The actions taken and the plan at the end."""
+    done: list[Move] = []
+    for g in range(len(space.groups)):
+        options = [a for a in space.legal(state) if isinstance(a, GroupAction) and a.group == g and a.axis == axis]
+        children = [(a, space.apply(state, a)) for a in options]
+        scored = [(a, child, space.score(child)) for a, child in children if child.key() != state.key()]
+        if not scored:
+            continue
+        pick = min(scored, key=lambda got: got[2].time_s)
+        done.append(pick[0])
+        state = pick[1]
+    return tuple(done), state, space.score(state)
+
+
 def best_preemption(
     space: SearchSpace, actions: tuple[Move, ...], score: Score, better: Callable[[Score, Score], bool] = better
 ) -> tuple[tuple[Move, ...], ShardingState, Score] | None:

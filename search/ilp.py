@@ -1,19 +1,33 @@
-"""An exact solver on small search spaces: an integer program over one choice per decision group.
+"""An exact solver on small search spaces: integer programs over one option per decision group.
 
-Each group chooses one option: stay as it is, or one of its legal actions at the root (tile one
-dim on one mesh axis). With tactics, one more decision comes first: which composition of the
-tactic macros (one per mesh axis, or none) to start from, the plans :class:`search.MCTS` seeds
-its tree with; the groups' options then refine it. The cost model is evaluated for every single
-choice and every pair of choices of two decisions; the step time (and the peak memory and bytes
-sent, for the budget and a ceiling) of a combination is then ``root + sum of single effects +
-sum of pairwise interactions``, which is exact when no three choices interact beyond their pairs
-(always, with two decisions). The integer program (scipy's ``milp``, HiGHS) minimises that time
-under the budget (and the ceiling), with the usual linearisation of the pair products. Every
-solution is evaluated with the real cost model; one that is over the budget or slower than the
-model said is cut off (a no-good cut) and the program solved again, until the model's optimum is
-no better than the best real plan. The result is never worse than any combination evaluated
-exactly (the root, every single option and pair), and it fits the budget whenever one of those
-or a solution does. ``max_evaluations`` bounds the size: larger spaces raise :class:`TooLarge`.
+Each decision group chooses one option: stay as it is, one of its legal actions (tile one dim on
+one mesh axis) or, on a mesh of several axes, one action on each of two axes. With tactics, the
+problem splits by where a plan starts: the plan before the search, or one of the compositions of
+the tactic macros (one per mesh axis) that :class:`search.MCTS` seeds its tree with. Each start
+is one integer program over the options legal there, so that group actions refine it.
+
+Around its start, the cost model is evaluated for every single option and every pair of options
+of two groups. The step time (and the peak memory and bytes sent, for the budget and a ceiling)
+of a combination is then ``start + sum of single effects + sum of pairwise interactions``, with
+one correction the cost model makes plain: collectives that XLA combines (one kind, the same
+axes, the same place in the program, see :mod:`automap.cost.combine`) pay one latency between
+them. So the latencies are taken out of the effects and priced per combine group: a group the
+start does not pay for costs its latency once if any choice opens it, and one it pays for saves
+its latency once if any choice closes it. Without that, sharding seven parameters over a second
+axis would be priced as seven latencies less 21 pairwise corrections.
+
+The pair products are linearised on the local polytope: for two groups that interact, a
+continuous ``y[a, b]`` per pair of their options, whose sum over ``b`` equals ``x[a]`` and over
+``a`` equals ``x[b]``; only the options ``x`` are integer. The program (scipy's ``milp``, HiGHS)
+looks for a combination that the model says is faster than the best real plan so far, under the
+budget (and the ceiling). Each one found is evaluated with the real cost model, kept if better
+and cut off (a no-good cut) if not, and the program solved again until none is left: the start is
+then proved. Starts are taken fastest first, so most end at their first solve. The result is
+never worse than any combination evaluated exactly (every start, single option and pair).
+``max_evaluations`` bounds the size: larger spaces raise :class:`TooLarge`.
+
+:func:`refine` runs the same model around one plan, with single actions: :class:`search.MCTS`
+ends with it.
 """
 from __future__ import annotations
 
@@ -24,12 +38,13 @@ from typing import Sequence
 
 import numpy as np
 
-from automap.shardings import ShardingState
+from automap.shardings import ShardingError, ShardingState
 from search.base import SearchResult, SearchStats
 from search.ceiling import Ceiling
 from search.greedy import replay
-from search.space import GroupAction, SearchSpace
+from search.space import GroupAction, Move, Score, SearchSpace
 
+_RESOLUTION = 1e-6  # plans faster by less than this fraction count as no faster
 OPTIMAL = "optimal under the pairwise cost model"  # the note of a result the solver proved
 
 
@@ -38,25 +53,51 @@ class TooLarge(ValueError):
 
 
 Option = tuple  # the moves one choice makes: () leaves the group as it is
+Plan = tuple  # (state, score, moves from the root)
 
 
-def options(space: SearchSpace) -> list[list[Option]]:
-    """Per decision: () (leave it) and each alternative, as the moves it makes. With tactics
-    (a space with a context) the first decision is the tactic composition, one of those
-    :class:`search.MCTS` seeds its tree with (applied first, so group actions refine it); then
-    per group, each legal action of the group at the root."""
+def starts(space: SearchSpace) -> list[tuple[Move, ...]]:
+    """Where a plan may start: the root (no moves), then, with tactics (a space with a context),
+    each composition of the tactic macros that :class:`search.MCTS` seeds its tree with."""
     from search.mcts import tactic_compositions
 
-    legal = [a for a in space.legal(space.root) if isinstance(a, GroupAction)]
-    groups = [[()] + [(a,) for a in legal if a.group == g] for g in range(len(space.groups))]
-    compositions = tactic_compositions(space, limit=4 ** len(space.axes))
-    return ([[()] + compositions] if compositions else []) + groups
+    return [()] + tactic_compositions(space, limit=4 ** len(space.axes))
 
 
-def apply_all(space: SearchSpace, choice: Sequence[Option]) -> ShardingState:
-    """Apply the chosen options in decision order; a move that an earlier one already decided
-    (propagation tiled that dim, or took its axis) is skipped: the earlier decision stands."""
-    return replay(space, tuple(m for option in choice for m in option))[0]
+def options(space: SearchSpace, state: ShardingState, two_axes: bool = True) -> list[list[Option]]:
+    """Per decision group: () (leave it), each of its legal actions in ``state`` and, with
+    ``two_axes`` on a mesh of several axes, each legal action followed by one on another axis
+    (a parameter sharded over two axes, as FSDP over the whole mesh does)."""
+    legal = [a for a in space.legal(state) if isinstance(a, GroupAction)]
+    out: list[list[Option]] = [[()] + [(a,) for a in legal if a.group == g] for g in range(len(space.groups))]
+    for g, opts in enumerate(out if two_axes else ()):
+        seen = {space.apply(state, a).key() for (a,) in opts[1:]}
+        for (a,) in opts[1:]:
+            after = space.apply(state, a)
+            for b in space.legal(after):
+                if isinstance(b, GroupAction) and b.group == g and b.axis != a.axis:
+                    key = space.apply(after, b).key()
+                    if key not in seen:  # (b, a) makes the same plan as (a, b): one option
+                        seen.add(key)
+                        opts.append((a, b))
+    return out
+
+
+def combinations(space: SearchSpace) -> list[tuple[tuple[Move, ...], list[list[Option]]]]:
+    """(start moves, options per group) for every distinct start (a composition that leaves the
+    plan as an earlier start did is dropped)."""
+    seen, out = set(), []
+    for start in starts(space):
+        state, done = replay(space, start)
+        if state.key() not in seen:
+            seen.add(state.key())
+            out.append((done, options(space, state)))
+    return out
+
+
+def _pairs_needed(opts: Sequence[Sequence[Option]]) -> int:
+    sizes = [len(o) - 1 for o in opts if len(o) > 1]
+    return sum(sizes) + sum(a * b for a, b in itertools.combinations(sizes, 2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,137 +110,272 @@ class ILP:
     """
 
     max_evaluations: int = 4000
-    max_rounds: int = 16  # integer programs solved, each cutting off a plan the real model rejects
+    max_rounds: int = 64  # integer programs solved in all, each cutting off a plan the real model rejects
     time_limit_s: float = 30.0  # for all the solves together: then the best plan found stands
     ceiling: Ceiling | None = None  # bytes sent and memory a plan may not exceed (as MCTS holds to)
     name: str = "ilp"
 
     def search(self, space: SearchSpace) -> SearchResult:
-        from scipy.optimize import LinearConstraint, milp
-
         t0 = time.perf_counter()
-        opts = options(space)
-        groups = [g for g, o in enumerate(opts) if len(o) > 1]
-        needed = sum(len(opts[g]) - 1 for g in groups) + sum(
-            (len(opts[g]) - 1) * (len(opts[h]) - 1) for g, h in itertools.combinations(groups, 2)
-        )
+        problems = combinations(space)
+        needed = sum(1 + _pairs_needed(opts) for _, opts in problems)
         if needed > self.max_evaluations:
             raise TooLarge(f"the exact solver would need {needed} cost evaluations (max_evaluations="
                            f"{self.max_evaluations}): use search.MCTS, or fewer decision groups")
-        base = space.score(space.root)
-        t_root, m_root, w_root = base.time_s, base.peak_bytes, base.estimate.wire_bytes
-        ceiling = self.ceiling
+        best = _Incumbent(space, (space.root, space.score(space.root), ()), self.ceiling)
+        consider = best.consider
+        for start, _ in problems:
+            consider(start)
+        # fastest start first (over the budget too: its options may shard it under), so that a
+        # good plan is known early and the other starts end at their first solve
+        fastest_first = sorted(problems, key=lambda p: space.score(replay(space, p[0])[0]).time_s)
+        rounds, proved = 0, 0
+        for start, opts in fastest_first:
+            model = _Pairwise(space, start, opts, self.ceiling, consider)
+            while (left := self.time_limit_s - (time.perf_counter() - t0)) > 0 and rounds < self.max_rounds:
+                rounds += 1
+                done = model.solve_once(best.plan[1], left, consider)
+                if done is not None:
+                    proved += done
+                    break
+        stats = SearchStats(rounds, space.evaluations, time.perf_counter() - t0, space.eval_time_s)
+        note = OPTIMAL if proved == len(problems) else (
+            f"not proved optimal: {proved} of {len(problems)} starts proved after {rounds} integer programs in "
+            f"{stats.wall_time_s:.1f} s (max_rounds={self.max_rounds}, time_limit_s={self.time_limit_s})")
+        state, score, moves = best.plan
+        return SearchResult(state, score, moves, stats, self.name, (note,))
 
-        def effect(*chosen: tuple[int, Option]) -> tuple[float, float, float]:
-            s = space.score(apply_all(space, _choice(len(opts), chosen)))
-            return s.time_s - t_root, s.peak_bytes - m_root, s.estimate.wire_bytes - w_root
 
-        def improves(got, best) -> bool:
-            return _improves(got, best, ceiling)
+def refine(space: SearchSpace, plan: Plan, ceiling: Ceiling | None = None, max_work: int = 10**6,
+           max_rounds: int = 8, time_limit_s: float = 30.0) -> Plan | None:
+    """The best plan around ``plan`` (state, score, moves from the root) by the pairwise model:
+    each group may take one more action legal there, all of them decided together, exactly (a
+    move no one-action-at-a-time climb makes when the actions only pay off together). None when
+    it would cost more than ``max_work`` plans evaluated times ops per plan (deterministic: no
+    clock decides whether it runs)."""
+    opts = options(space, plan[0], two_axes=False)
+    if (1 + _pairs_needed(opts)) * len(space.program.all_ops) > max_work:
+        return None
+    best = _Incumbent(space, plan, ceiling)
+    t0 = time.perf_counter()
+    model = _Pairwise(space, plan[2], opts, ceiling, best.consider)
+    for _ in range(max_rounds):
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0 or model.solve_once(best.plan[1], left, best.consider) is not None:
+            break
+    return best.plan
 
-        # variables: x[g, option] one-hot per decision, then y[pair] for pairs of non-empty options
-        index: dict[tuple[int, Option], int] = {}
-        for g in groups:
-            for o in opts[g]:
-                index[(g, o)] = len(index)
-        single = {(g, o): effect((g, o)) for g in groups for o in opts[g][1:]}
-        pairs, tried = [], []
-        for g, h in itertools.combinations(groups, 2):
+
+class _Incumbent:
+    """The best plan met so far (fitting the budget and the ceiling first, then the fastest)."""
+
+    def __init__(self, space: SearchSpace, plan: Plan, ceiling: Ceiling | None) -> None:
+        self.plan, self.ceiling, self.replayed = plan, ceiling, _Replayer(space)
+        self.space = space
+
+    def consider(self, moves: tuple[Move, ...]) -> Score:
+        """Score the plan ``moves`` make from the root; keep it if it is the best so far."""
+        state, done = self.replayed(moves)
+        got = self.space.score(state)
+        if _improves(got, self.plan[1], self.ceiling):
+            self.plan = (state, got, done)
+        return got
+
+
+class _Replayer:
+    """:func:`search.greedy.replay` that remembers the prefixes it ran: a pair of options then
+    costs one propagation after the first option's, not a replay from the root."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self.prefixes: dict[tuple[Move, ...], tuple[ShardingState, tuple[Move, ...]]] = {(): (space.root, ())}
+
+    def __call__(self, moves: tuple[Move, ...], keep: bool = False) -> tuple[ShardingState, tuple[Move, ...]]:
+        got = self.prefixes.get(moves)
+        if got is None:
+            state, done = self(moves[:-1], keep=True)
+            try:
+                after = self.space.apply(state, moves[-1])
+            except ShardingError:
+                after = state
+            got = (after, done + (moves[-1],)) if after.key() != state.key() else (state, done)
+            if keep:
+                self.prefixes[moves] = got
+        return got
+
+
+class _Pairwise:
+    """The pairwise cost model around one start, as a mixed-integer program."""
+
+    def __init__(self, space: SearchSpace, start: tuple[Move, ...], opts: list[list[Option]],
+                 ceiling: Ceiling | None, consider) -> None:
+        self.start, self.ceiling, self.budget = start, ceiling, space.memory_budget
+        base = consider(start)
+        self.base = (base.time_s, base.peak_bytes, base.estimate.wire_bytes)
+        fixed = latencies(space, base)  # combine groups that pay their latency already
+        self.groups = [g for g, o in enumerate(opts) if len(o) > 1]
+        self.index = {(g, o): i for i, (g, o) in enumerate((g, o) for g in self.groups for o in opts[g])}
+        latency: dict[tuple, float] = dict(fixed)  # combine group -> the latency it pays once
+
+        def effect(*chosen: tuple[int, Option]) -> tuple[np.ndarray, set, set]:
+            """The change in time without the combine groups' latencies, memory and bytes sent;
+            the combine groups the choice opens, and those of the start it closes."""
+            s = consider(start + tuple(m for _, o in chosen for m in o))
+            paid = latencies(space, s)
+            for k, t in paid.items():
+                latency[k] = max(latency.get(k, 0.0), t)
+            own = np.array([s.time_s - sum(paid.values()), s.peak_bytes, s.estimate.wire_bytes])
+            return own - self.base + [sum(fixed.values()), 0, 0], set(paid) - set(fixed), set(fixed) - set(paid)
+
+        single = {(g, o): effect((g, o)) for g in self.groups for o in opts[g][1:]}
+        extra: dict[tuple, np.ndarray] = {}
+        # option or pair -> the combine groups it opens (+1) or closes (-1) that its parts do not
+        flips: dict[tuple, dict[tuple, int]] = {}
+        for k, (_, opened, closed) in single.items():
+            flips[k] = {**dict.fromkeys(opened, 1), **dict.fromkeys(closed, -1)}
+        for g, h in itertools.combinations(self.groups, 2):
             for a in opts[g][1:]:
                 for b in opts[h][1:]:
-                    both = effect((g, a), (h, b))
-                    tried.append(((g, a), (h, b)))
-                    extra = tuple(x - single[(g, a)][i] - single[(h, b)][i] for i, x in enumerate(both))
-                    if abs(extra[0]) > 1e-12 * t_root or abs(extra[1]) >= 1 or abs(extra[2]) >= 1:
-                        pairs.append(((g, a), (h, b)) + extra)  # they interact: a pair variable
-        n = len(index) + len(pairs)
-        cost, mem, wire = np.zeros(n), np.zeros(n), np.zeros(n)
-        for key, (t, m, w) in single.items():
-            cost[index[key]], mem[index[key]], wire[index[key]] = t, m, w
-        rows, lo, hi = [], [], []
-        for g in groups:  # one option per group
-            row = np.zeros(n)
-            for o in opts[g]:
-                row[index[(g, o)]] = 1
-            rows.append(row), lo.append(1), hi.append(1)
-        for k, (ka, kb, t, m, w) in enumerate(pairs):
-            y = len(index) + k
-            cost[y], mem[y], wire[y] = t, m, w
-            for kx in (ka, kb):  # y <= x
-                row = np.zeros(n)
-                row[y], row[index[kx]] = 1, -1
-                rows.append(row), lo.append(-np.inf), hi.append(0)
-            row = np.zeros(n)  # y >= xa + xb - 1
-            row[y], row[index[ka]], row[index[kb]] = 1, -1, -1
-            rows.append(row), lo.append(-1), hi.append(np.inf)
-        limits = [b for b in (space.memory_budget, ceiling and ceiling.peak_bytes) if b is not None]
+                    both, opened, closed = effect((g, a), (h, b))
+                    e = both - single[(g, a)][0] - single[(h, b)][0]
+                    parts = set(flips[(g, a)]) | set(flips[(h, b)])
+                    new = {**dict.fromkeys(opened - parts, 1), **dict.fromkeys(closed - parts, -1)}
+                    if new:
+                        flips[((g, a), (h, b))] = new
+                    if new or abs(e[0]) > 1e-12 * self.base[0] or abs(e[1]) >= 1 or abs(e[2]) >= 1:
+                        extra[((g, a), (h, b))] = e  # they interact
+        columns: list = list(self.index)  # x[g, o]; y[a, b] for every option pair of interacting groups
+        coef = [single[k][0] if k in single else np.zeros(3) for k in columns]
+        eq_rows: list[dict[int, float]] = [{self.index[(g, o)]: 1.0 for o in opts[g]} for g in self.groups]
+        for g, h in sorted({(ka[0], kb[0]) for ka, kb in extra}):
+            marginal: dict[tuple, dict[int, float]] = {}
+            for a in opts[g]:
+                for b in opts[h]:
+                    columns.append(((g, a), (h, b)))
+                    coef.append(extra.get(((g, a), (h, b)), np.zeros(3)))
+                    for kx in ((g, a), (h, b)):
+                        marginal.setdefault(kx, {self.index[kx]: -1.0})[len(columns) - 1] = 1.0
+            eq_rows += marginal.values()
+        column = {k: i for i, k in enumerate(columns)}
+        # a combine group the start does not pay for: z >= each choice that opens it, at its
+        # latency (paid once however many open it); one it pays for: z <= the sum of the
+        # choices that close it, at minus its latency (saved once, by any of them)
+        self.at_least: list[dict[int, float]] = []
+        for k in sorted(latency, key=repr):
+            columns.append(k)
+            z, by = len(columns) - 1, [column[c] for c, f in flips.items() if k in f]
+            if k in fixed:  # sum(closing choices) - z >= 0
+                coef.append(np.array([-latency[k], 0.0, 0.0]))
+                self.at_least.append({z: -1.0, **dict.fromkeys(by, 1.0)})
+            else:  # z - x >= 0 for each opening choice x
+                coef.append(np.array([latency[k], 0.0, 0.0]))
+                self.at_least += [{z: 1.0, c: -1.0} for c in by]
+        self.flips = flips
+        self.n_int, self.columns = len(self.index), columns
+        self.coef = np.array(coef).reshape(-1, 3)
+        self.eq_rows = eq_rows
+        self.cuts: list[dict[int, float]] = []
+        self.cut_hi: list[float] = []
+
+    def value(self, chosen: dict[int, Option]) -> float:
+        """The step time the model gives the combination ``chosen`` (group -> option)."""
+        picked = {(g, chosen.get(g, ())) for g in self.groups}
+        x = np.zeros(len(self.columns))
+        for i, column in enumerate(self.columns):
+            if column in picked or (isinstance(column[0], tuple) and set(column) <= picked):
+                x[i] = 1  # an option, or a pair of options, that is chosen
+        flipped = set().union(*(f for k, f in self.flips.items() if k in picked or set(k) <= picked))
+        for i, column in enumerate(self.columns[len(self.index):], len(self.index)):
+            if not isinstance(column[0], tuple):
+                x[i] = column in flipped  # a combine group: its latency once if any choice opens (closes) it
+        return self.base[0] + float(self.coef[:, 0] @ x)
+
+    def solve_once(self, incumbent: Score, time_limit_s: float, consider) -> int | None:
+        """One integer program: 1 when no combination can beat ``incumbent`` by the model (this
+        start is proved), 0 when the solver stopped at its time limit, None to go on (the
+        solution was evaluated and, unless it was better, cut off)."""
+        from scipy.optimize import LinearConstraint, milp
+        from scipy.sparse import csr_array
+
+        if not self.groups:
+            return 1
+        t, m, w = self.base
+        rows, lo, hi = list(self.eq_rows), [0.0] * len(self.eq_rows), [0.0] * len(self.eq_rows)
+        lo[:len(self.groups)] = hi[:len(self.groups)] = [1.0] * len(self.groups)
+        dense = []
+        limits = [b for b in (self.budget, self.ceiling and self.ceiling.peak_bytes) if b is not None]
         if limits:
-            rows.append(mem), lo.append(-np.inf), hi.append(min(limits) - m_root)
-        if ceiling is not None:
-            rows.append(wire), lo.append(-np.inf), hi.append(ceiling.wire_bytes * (1 + 1e-9) + 1e-6 - w_root)
-        # the pairwise model is exact only without higher-order interactions: start from the best
-        # combination evaluated exactly (the root, every single option and pair), then solve;
-        # a solution that the real cost model finds over budget or no better is cut off
-        # (a no-good cut on its one-hot assignment) and the program solved again
-        state, score, actions = space.root, base, ()
-        for combo in [((g, o),) for g in groups for o in opts[g][1:]] + tried:
-            cand = apply_all(space, _choice(len(opts), combo))
-            got = space.score(cand)
-            if improves(got, score):
-                state, score, actions = cand, got, tuple(m for _, o in combo for m in o)
-        rounds, proved = 0, False
-        for rounds in range(1, self.max_rounds + 1):
-            left = self.time_limit_s - (time.perf_counter() - t0)
-            if left <= 0:
-                break
-            result = milp(cost, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=np.ones(n),
-                          bounds=(0, 1), options={"time_limit": left})
-            if result.x is None:
-                proved = result.status == 2  # infeasible: no combination left that the model thinks fits
-                break
-            chosen = [(g, o) for (g, o), i in index.items() if result.x[i] > 0.5]
-            combo = tuple((g, o) for g, o in chosen if o)
-            cand = apply_all(space, _choice(len(opts), combo))
-            got = space.score(cand)
-            if improves(got, score):
-                state, score, actions = cand, got, tuple(m for _, o in combo for m in o)
-            if _fits(score, ceiling) and t_root + result.fun >= score.time_s * (1 - 1e-9):
-                proved = result.status == 0  # the model's optimum is no better than the best real plan: done
-                break
-            row = np.zeros(n)  # no-good cut: never this assignment again
-            for key in chosen:
-                row[index[key]] = 1
-            rows.append(row), lo.append(-np.inf), hi.append(len(chosen) - 1)
-        stats = SearchStats(rounds, space.evaluations, time.perf_counter() - t0, space.eval_time_s)
-        note = OPTIMAL if proved else (f"not proved optimal: stopped after {rounds} integer programs in "
-                                       f"{stats.wall_time_s:.1f} s (max_rounds={self.max_rounds}, "
-                                       f"time_limit_s={self.time_limit_s})")
-        return SearchResult(state, score, actions, stats, self.name, (note,))
+            dense.append((self.coef[:, 1], min(limits) - m))
+        if self.ceiling is not None:
+            dense.append((self.coef[:, 2], self.ceiling.wire_bytes * (1 + 1e-9) + 1e-6 - w))
+        if _fits(incumbent, self.ceiling):  # only combinations the model says are faster
+            dense.append((self.coef[:, 0], incumbent.time_s * (1 - _RESOLUTION) - t))
+        rows += self.at_least + self.cuts
+        lo += [0.0] * len(self.at_least) + [-np.inf] * len(self.cuts)
+        hi += [np.inf] * len(self.at_least) + self.cut_hi
+        n = len(self.coef)
+        data, ri, ci = [], [], []
+        for r, row in enumerate(rows):
+            ri += [r] * len(row)
+            ci += list(row)
+            data += list(row.values())
+        matrix = csr_array((data, (ri, ci)), shape=(len(rows), n))
+        constraints = [LinearConstraint(matrix, lo, hi)]
+        for row, bound in dense:
+            scale = max(np.abs(row).max(), 1e-30)
+            constraints.append(LinearConstraint(row[None, :] / scale, -np.inf, bound / scale))
+        integrality = np.r_[np.ones(self.n_int), np.zeros(n - self.n_int)]
+        unit = t if t > 0 else max(np.abs(self.coef[:, 0]).max(), 1e-30)  # objective in O(1) units
+        result = milp(self.coef[:, 0] / unit, constraints=constraints, integrality=integrality, bounds=(0, 1),
+                      options={"time_limit": time_limit_s})
+        if result.status == 2:
+            return 1  # infeasible: nothing left that the model says fits and is faster
+        if result.x is None:
+            return 0
+        if _fits(incumbent, self.ceiling) and t + unit * result.fun >= incumbent.time_s * (1 - 2 * _RESOLUTION):
+            return 1  # only within the solver's tolerance of the cutoff: nothing faster
+        chosen = [k for k, i in self.index.items() if result.x[i] > 0.5]
+        consider(self.start + tuple(m for _, o in chosen for m in o))
+        self.cuts.append({self.index[k]: 1.0 for k in chosen})  # no-good cut: never this combination again
+        self.cut_hi.append(len(chosen) - 1)
+        return None
 
 
-def brute_force(space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[float, tuple[Option, ...]]:
-    """The best step time over every combination of options (for testing the solver)."""
-    best = (float("inf"), ())
-    for choice in itertools.product(*options(space)):
-        s = space.score(apply_all(space, choice))
-        if _fits(s, ceiling) and s.time_s < best[0]:
-            best = (s.time_s, choice)
+def latencies(space: SearchSpace, score: Score) -> dict[tuple, float]:
+    """Per combine group (collectives XLA merges into one, see :mod:`automap.cost.combine`): the
+    latency the plan pays for it (once, unless the group outgrows the combine threshold)."""
+    from automap.cost.collectives import collective_time
+
+    out: dict[tuple, float] = {}
+    for c in score.estimate.collectives:
+        if c.combine_key is not None and not c.combined:
+            t = collective_time(c.kind, 0, c.axes, space.root.axes, space.topology) * c.count
+            out[c.combine_key] = out.get(c.combine_key, 0.0) + t
+    return out
+
+
+def brute_force(space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[float, tuple[Move, ...]]:
+    """The best step time over every start and every combination of options there (for testing
+    the solver); with the moves that make it."""
+    best: tuple[float, tuple[Move, ...]] = (float("inf"), ())
+    for start, opts in combinations(space):
+        for choice in itertools.product(*opts):
+            moves = start + tuple(m for o in choice for m in o)
+            s = space.score(replay(space, moves)[0])
+            if _fits(s, ceiling) and s.time_s < best[0]:
+                best = (s.time_s, moves)
     return best
 
 
-def _choice(n_decisions: int, chosen: Sequence[tuple[int, Option]]) -> tuple[Option, ...]:
-    choice: list[Option] = [()] * n_decisions
-    for g, option in chosen:
-        choice[g] = option
-    return tuple(choice)
-
-
-def _fits(score, ceiling: Ceiling | None) -> bool:
+def _fits(score: Score, ceiling: Ceiling | None) -> bool:
     return score.feasible and (ceiling is None or ceiling.admits(score))
 
 
-def _improves(got, best, ceiling: Ceiling | None = None) -> bool:
+def _rank(score: Score, ceiling: Ceiling | None) -> tuple:
+    """Fitting plans first, fastest first; then the others, smallest first."""
+    return (0, score.time_s) if _fits(score, ceiling) else (1, score.peak_bytes)
+
+
+def _improves(got: Score, best: Score, ceiling: Ceiling | None = None) -> bool:
     """Feasible (and under the ceiling) beats not; among those, the faster (ties: the first found)."""
-    if _fits(got, ceiling) != _fits(best, ceiling):
-        return _fits(got, ceiling)
-    return got.time_s < best.time_s if _fits(got, ceiling) else got.peak_bytes < best.peak_bytes
+    return _rank(got, ceiling) < _rank(best, ceiling)

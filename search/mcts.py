@@ -20,7 +20,7 @@ import numpy as np
 from automap.shardings import ShardingState
 from search.base import SearchResult, SearchStats, better
 from search.ceiling import Ceiling, backed_up, ranked
-from search.greedy import best_preemption, best_step
+from search.greedy import best_preemption, best_step, sweep
 from search.space import Move, Score, SearchSpace, TacticAction
 
 
@@ -115,6 +115,12 @@ class MCTS:
     more bytes and holds no more memory than that expert plan, and replaces it only when faster,
     or, within ``tie_tolerance`` of it, clearly leaner. The result's ``notes`` name the plan.
 
+    After the episodes the best plan is polished (one improving action at a time), then swept
+    (:func:`search.greedy.sweep`: every parameter group over a mesh axis at once, from it and
+    the fastest seeds), and last refined exactly (:func:`search.ilp.refine`: one more action per
+    group, all decided together by the pairwise model) when that costs at most ``refine_work``
+    plans times ops. Sweeps and refinement take the steps that only pay off together.
+
     >>> import search
     >>> search.MCTS(episodes=8, seed=0).episodes
     8
@@ -128,12 +134,28 @@ class MCTS:
     select_fn: SelectFn = uct_select
     rollout_fn: RolloutFn = random_rollout
     polish_steps: int = 4  # greedy one-move improvements of the best plan after the episodes
+    refine_work: int = 10**6  # the exact last step (search.ilp.refine) runs within this many op-evaluations
+    sweeps: int = 4  # plans swept over the mesh axes after the episodes (greedy.sweep): the best, the fastest seeds
     seed_tactics: bool = True  # the first episodes try the compositions of tactic macros (one per mesh axis)
     tie_tolerance: float = 0.01  # plans this close to the fastest count as ties: the leanest wins
     expert_ceiling: bool = True  # never send more bytes or hold more memory than the fastest seed (ceiling.py)
     preempt: bool = False  # polishing may also decide one group before the plan's actions (costly: replays)
     progress: bool | None = None  # None: a bar on a terminal when the search runs over ~2 s
     name: str = "mcts"
+
+    def _polish(self, space: SearchSpace, plan: tuple, better, curve: list) -> tuple:
+        """Hill-climb from ``plan`` (state, score, actions): one move at a time."""
+        state, score, actions = plan
+        for _ in range(self.polish_steps):
+            step = best_step(space, state, score, better)
+            if step is not None:
+                actions, state, score = actions + (step[0],), step[1], step[2]
+            elif self.preempt and (moved := best_preemption(space, actions, score, better)) is not None:
+                actions, state, score = moved
+            else:
+                break
+            curve.append(score.reward)
+        return state, score, actions
 
     def search(self, space: SearchSpace) -> SearchResult:
         rng = np.random.default_rng(self.seed)
@@ -185,15 +207,21 @@ class MCTS:
                 break
         if bar is not None:
             bar.close()
-        for _ in range(self.polish_steps):  # hill-climb from the best plan: one move at a time
-            step = best_step(space, best_state, best, better)
-            if step is not None:
-                best_actions, best_state, best = best_actions + (step[0],), step[1], step[2]
-            elif self.preempt and (moved := best_preemption(space, best_actions, best, better)) is not None:
-                best_actions, best_state, best = moved
-            else:
-                break
-            curve.append(best.reward)
+        plan = self._polish(space, (best_state, best, best_actions), better, curve)
+        # then sweep it and the fastest seeds (over the budget too: a sweep shards more) over the
+        # mesh axes, and polish what the sweeps found, if they found better
+        fastest = sorted(grown, key=lambda n: space.score(n.state).time_s)
+        swept = _best_sweep(space, [(plan[0], plan[2])] + [(n.state, n.actions) for n in fastest], self.sweeps,
+                            better)
+        if swept is not None and better(swept[1], plan[1]):
+            plan = self._polish(space, swept, better, curve)
+        if self.refine_work:  # last, the exact step: every group one more action, decided together
+            from search.ilp import refine
+
+            refined = refine(space, plan, ceiling, self.refine_work)
+            if refined is not None and better(refined[1], plan[1]):
+                plan = refined
+        best_state, best, best_actions = plan
         anchor = None if expert is None else (expert.state, space.score(expert.state), expert.actions)
         best_state, best, best_actions = leanest_tie(root, (best_state, best, best_actions), self.tie_tolerance,
                                                      space, ceiling, anchor)
@@ -202,6 +230,22 @@ class MCTS:
             f"held to the bytes sent ({ceiling.wire_bytes / 2**20:.2f} MiB) and memory "
             f"({ceiling.peak_bytes / 2**20:.1f} MiB) per device of the fastest expert plan: {ceiling.source}",)
         return SearchResult(best_state, best, best_actions, stats, self.name, notes)
+
+
+def _best_sweep(space: SearchSpace, plans: list[tuple[ShardingState, tuple[Move, ...]]], limit: int,
+                better) -> tuple[ShardingState, Score, tuple[Move, ...]] | None:
+    """The best plan (by ``better``) among the sweeps (:func:`search.greedy.sweep`) of the first
+    ``limit`` distinct ``plans`` over each mesh axis, and then the other axes on top."""
+    best = None
+    for state, actions in list({s.key(): (s, a) for s, a in plans}.values())[:limit]:
+        for order in itertools.permutations(space.axes):
+            end, moves = state, actions
+            for axis in order:
+                more, end, got = sweep(space, end, axis)
+                moves += more
+                if best is None or better(got, best[1]):
+                    best = (end, got, moves)
+    return best
 
 
 def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]]:

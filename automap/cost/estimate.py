@@ -34,6 +34,7 @@ class Collective:
     module: str
     time_s: float  # all executions
     combined: bool = False  # XLA merges it into an earlier one of its kind: no latency of its own
+    combine_key: tuple | None = None  # the group XLA may combine it with (None: a kind it never combines)
     wire_bytes: float = 0.0  # bytes one device sends, all executions (ring traffic)
 
 
@@ -223,12 +224,15 @@ def _combined(program: Program, kept: list[Reshard], collectives: list[Collectiv
               topology: Topology) -> list[Collective]:
     """The collectives with the latency taken off those XLA combines into an earlier one of
     their group (see :mod:`automap.cost.combine`)."""
-    if len(collectives) < 2:
+    if not collectives:
         return collectives
+    kinds = combined_kinds(topology)
     keys = combine_groups(program, kept)
-    charged = latency_charges(keys, [c.bytes for c in collectives], combined_kinds(topology))
+    charged = latency_charges(keys, [c.bytes for c in collectives], kinds)
     out = []
-    for c, pays in zip(collectives, charged, strict=True):
+    for c, pays, key in zip(collectives, charged, keys, strict=True):
+        if c.kind in kinds:
+            c = dataclasses.replace(c, combine_key=key)
         if not pays:
             latency = collective_time(c.kind, 0, c.axes, axes, topology) * c.count
             c = dataclasses.replace(c, time_s=c.time_s - latency, combined=True)
