@@ -45,7 +45,18 @@ def sweep(
     each with its fastest legal action there, even when that is worse than leaving the group: the
     move across a plateau that one action at a time cannot cross (sharding each parameter over
     a second axis adds collectives whose latency is paid once for all of them, so one parameter
-    alone costs more and all of them together less). The actions taken and the plan at the end."""
+    alone costs more and all of them together less). The actions taken and the plan at the end.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.cost import Topology
+    >>> from automap.shardings import ShardingState
+    >>> prog = lower(jax.make_jaxpr(lambda w, x: w - (x @ w))(jnp.ones((8, 8)), jnp.ones((8, 8))), ["w", "x"], ["w"])
+    >>> space = SearchSpace(ShardingState.initial(prog, {"data": 2}), topology=Topology.preset("cpu-sim"))
+    >>> moves, state, score = sweep(space, space.root, "data")
+    >>> [space.describe(a) for a in moves]  # every group, each with its fastest action on 'data'
+    ["w dim 1 on 'data'", "x dim 0 on 'data'"]
+    """
     done: list[Move] = []
     for g in range(len(space.groups)):
         options = [a for a in space.legal(state) if isinstance(a, GroupAction) and a.group == g and a.axis == axis]

@@ -71,9 +71,9 @@ def options(space: SearchSpace, state: ShardingState, two_axes: bool = True) -> 
     legal = [a for a in space.legal(state) if isinstance(a, GroupAction)]
     out: list[list[Option]] = [[()] + [(a,) for a in legal if a.group == g] for g in range(len(space.groups))]
     for g, opts in enumerate(out if two_axes else ()):
-        seen = {space.apply(state, a).key() for (a,) in opts[1:]}
-        for (a,) in opts[1:]:
-            after = space.apply(state, a)
+        firsts = [(a, space.apply(state, a)) for (a,) in opts[1:]]
+        seen = {after.key() for _, after in firsts}
+        for a, after in firsts:
             for b in space.legal(after):
                 if isinstance(b, GroupAction) and b.group == g and b.axis != a.axis:
                     key = space.apply(after, b).key()
@@ -152,7 +152,20 @@ def refine(space: SearchSpace, plan: Plan, ceiling: Ceiling | None = None, max_w
     each group may take one more action legal there, all of them decided together, exactly (a
     move no one-action-at-a-time climb makes when the actions only pay off together). None when
     it would cost more than ``max_work`` plans evaluated times ops per plan (deterministic: no
-    clock decides whether it runs)."""
+    clock decides whether it runs).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.cost import Topology
+    >>> from automap.shardings import ShardingState
+    >>> prog = lower(jax.make_jaxpr(lambda w, x: w - (x @ w))(jnp.ones((8, 8)), jnp.ones((8, 8))), ["w", "x"], ["w"])
+    >>> space = SearchSpace(ShardingState.initial(prog, {"data": 2}), topology=Topology.preset("cpu-sim"))
+    >>> state, score, moves = refine(space, (space.root, space.score(space.root), ()))
+    >>> score.time_s <= space.score(space.root).time_s  # never worse than the plan it refines
+    True
+    >>> refine(space, (space.root, space.score(space.root), ()), max_work=1) is None  # too costly: skipped
+    True
+    """
     opts = options(space, plan[0], two_axes=False)
     if (1 + _pairs_needed(opts)) * len(space.program.all_ops) > max_work:
         return None

@@ -66,9 +66,9 @@ def test_the_pairwise_model_pays_a_combine_groups_latency_once():
 
 
 def test_refining_the_root_equals_brute_force_over_one_action_per_group():
-    from search.ilp import brute_force, refine
-
     from test_search import _mlp_space
+
+    from search.ilp import brute_force, refine
 
     space = _mlp_space()
     best_time, _ = brute_force(_mlp_space())
