@@ -56,6 +56,11 @@ def sweep(
     >>> moves, state, score = sweep(space, space.root, "data")
     >>> [space.describe(a) for a in moves]  # every group, each with its fastest action on 'data'
     ["w dim 1 on 'data'", "x dim 0 on 'data'"]
+    >>> from search.ilp import refine  # the exact step around a plan never makes it worse
+    >>> refine(space, (state, score, moves))[1].time_s <= score.time_s
+    True
+    >>> refine(space, (state, score, moves), max_work=1) is None  # too costly for its budget: skipped
+    True
     """
     done: list[Move] = []
     for g in range(len(space.groups)):

@@ -152,19 +152,7 @@ def refine(space: SearchSpace, plan: Plan, ceiling: Ceiling | None = None, max_w
     each group may take one more action legal there, all of them decided together, exactly (a
     move no one-action-at-a-time climb makes when the actions only pay off together). None when
     it would cost more than ``max_work`` plans evaluated times ops per plan (deterministic: no
-    clock decides whether it runs).
-
-    >>> import jax, jax.numpy as jnp
-    >>> from automap.ir.lower import lower
-    >>> from automap.cost import Topology
-    >>> from automap.shardings import ShardingState
-    >>> prog = lower(jax.make_jaxpr(lambda w, x: w - (x @ w))(jnp.ones((8, 8)), jnp.ones((8, 8))), ["w", "x"], ["w"])
-    >>> space = SearchSpace(ShardingState.initial(prog, {"data": 2}), topology=Topology.preset("cpu-sim"))
-    >>> state, score, moves = refine(space, (space.root, space.score(space.root), ()))
-    >>> score.time_s <= space.score(space.root).time_s  # never worse than the plan it refines
-    True
-    >>> refine(space, (space.root, space.score(space.root), ()), max_work=1) is None  # too costly: skipped
-    True
+    clock decides whether it runs). Example: at the end of :func:`search.greedy.sweep`'s.
     """
     opts = options(space, plan[0], two_axes=False)
     if (1 + _pairs_needed(opts)) * len(space.program.all_ops) > max_work:
