@@ -91,7 +91,8 @@ def measured(w, state, axes: dict) -> tuple[int, float, int]:
 def quality(args, topo) -> None:
     print("(a) quality: estimated step time, ratio MCTS / best fitting expert (<= 1 is as good or better); "
           "'vs ILP': MCTS / the exact solver's optimum (a tactic composition, then one or two actions per group), "
-          "under the same expert ceiling (2-layer models; *: the solver stopped at its limits before proving optimality); "
+          "under the same expert ceiling (2-layer models; *: the solver stopped at its limits before proving "
+          "optimality, its note follows); "
           "experts: the named plans and every composition of the tactics")
     print(f"{'model':<14} {'mesh':<4} {'budget':<9} {'best expert':<44} {'expert ms':>9} {'mcts ms':>9} "
           f"{'ratio':>6} {'greedy':>6} {'vs ILP':>9} {'fits':>4}  plan")
@@ -115,7 +116,7 @@ def quality(args, topo) -> None:
                     ceiling = search.expert_ceiling(space)
                     greedy = search.Greedy().search(search.SearchSpace(
                         root, topology=topo, memory_budget=budget, data_inputs=ctx.data_inputs, context=ctx))
-                    ilp_txt = "-"
+                    ilp_txt, ilp_note = "-", ""
                     if layers == 2:
                         try:
                             exact = search.ILP(ceiling=ceiling, max_evaluations=args.ilp_evaluations,
@@ -123,6 +124,7 @@ def quality(args, topo) -> None:
                                 root, topology=topo, memory_budget=budget, data_inputs=ctx.data_inputs, context=ctx))
                             fits = exact.score.feasible and (ceiling is None or ceiling.admits(exact.score))
                             proved = "" if exact.notes == (search.ilp.OPTIMAL,) else "*"
+                            ilp_note = "" if not proved else f"\n    ILP: {exact.notes[0]}"
                             ilp_txt = f"{result.score.time_s / exact.score.time_s:.3f}{proved}" if fits else "none fits"
                         except search.TooLarge:
                             ilp_txt = "too large"
@@ -137,8 +139,8 @@ def quality(args, topo) -> None:
                     btxt = "none" if budget is None else f"{budget / 2**20:.0f}MiB"
                     print(f"{label:<14} {mesh_name:<4} {btxt:<9} {name:<44} {best.time_s * 1e3 if best else 0:>9.3f} "
                           f"{result.score.time_s * 1e3:>9.3f} {ratio:>6.3f} {g_ratio:>6.3f} {ilp_txt:>9} "
-                          f"{'yes' if result.score.feasible else 'NO':>4}  {', '.join(result.describe(space))}",
-                          flush=True)
+                          f"{'yes' if result.score.feasible else 'NO':>4}  {', '.join(result.describe(space))}"
+                          f"{ilp_note}", flush=True)
     _print_measured(xla)
 
 

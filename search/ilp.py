@@ -58,7 +58,8 @@ Plan = tuple  # (state, score, moves from the root)
 
 def starts(space: SearchSpace) -> list[tuple[Move, ...]]:
     """Where a plan may start: the root (no moves), then, with tactics (a space with a context),
-    each composition of the tactic macros that :class:`search.MCTS` seeds its tree with."""
+    each composition of the tactic macros that :class:`search.MCTS` seeds its tree with.
+    Example (with :func:`combinations`): at the end of :func:`search.mcts.tactic_compositions`'s."""
     from search.mcts import tactic_compositions
 
     return [()] + tactic_compositions(space, limit=4 ** len(space.axes))
@@ -124,11 +125,10 @@ class ILP:
                            f"{self.max_evaluations}): use search.MCTS, or fewer decision groups")
         best = _Incumbent(space, (space.root, space.score(space.root), ()), self.ceiling)
         consider = best.consider
-        for start, _ in problems:
-            consider(start)
+        start_time = {start: consider(start).time_s for start, _ in problems}
         # fastest start first (over the budget too: its options may shard it under), so that a
         # good plan is known early and the other starts end at their first solve
-        fastest_first = sorted(problems, key=lambda p: space.score(replay(space, p[0])[0]).time_s)
+        fastest_first = sorted(problems, key=lambda p: start_time[p[0]])
         rounds, proved = 0, 0
         for start, opts in fastest_first:
             model = _Pairwise(space, start, opts, self.ceiling, consider)
@@ -344,7 +344,19 @@ class _Pairwise:
 
 def latencies(space: SearchSpace, score: Score) -> dict[tuple, float]:
     """Per combine group (collectives XLA merges into one, see :mod:`automap.cost.combine`): the
-    latency the plan pays for it (once, unless the group outgrows the combine threshold)."""
+    latency the plan pays for it (once, unless the group outgrows the combine threshold).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.cost import Topology
+    >>> from automap.shardings import ShardingState
+    >>> jaxpr = jax.make_jaxpr(lambda w, x: jnp.tanh(x @ w))(jnp.ones((8, 8)), jnp.ones((8, 8)))
+    >>> prog = lower(jaxpr, ["w", "x"], ["y"])
+    >>> space = SearchSpace(ShardingState.initial(prog, {"data": 2}), topology=Topology.preset("cpu-sim"))
+    >>> split = space.apply(space.root, GroupAction(0, 0, "data"))  # w's contraction dim: y is all-reduced
+    >>> latencies(space, space.score(split))  # (kind, axes, region, count, height): seconds
+    {('all-reduce', ('data',), 0, 1, 0): 2e-05}
+    """
     from automap.cost.collectives import collective_time
 
     out: dict[tuple, float] = {}

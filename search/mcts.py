@@ -268,6 +268,9 @@ def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]
     (15, ['fsdp(data)', 'fsdp(model)'])
     >>> expert_ceiling(space).source  # this tiny step is fastest unsharded: nothing may be sent
     'the plan before the search'
+    >>> from search.ilp import combinations, starts  # the exact solver's starts: the root and each seed
+    >>> len(starts(space)), len(combinations(space))  # compositions that make the same plan are one start
+    (16, 4)
     """
     if not space.macros or not space.axes:
         return []
