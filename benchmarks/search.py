@@ -210,7 +210,7 @@ def main() -> int:
     parser.add_argument("--parts", default="abcp")
     parser.add_argument("--layers", default="2,12", help="(a): model depths, comma-separated")
     parser.add_argument("--ilp-evaluations", type=int, default=20000, help="(a): search.ILP(max_evaluations=...)")
-    parser.add_argument("--ilp-time-limit", type=float, default=180.0, help="(a): search.ILP(time_limit_s=...)")
+    parser.add_argument("--ilp-time-limit", type=float, default=600.0, help="(a): search.ILP(time_limit_s=...)")
     parser.add_argument("--measure", action="store_true", help="(a): also compile the plans and measure them")
     args = parser.parse_args()
     topo = Topology.preset(args.topology)

@@ -6,9 +6,11 @@ problem splits by where a plan starts: the plan before the search, or one of the
 the tactic macros (one per mesh axis) that :class:`search.MCTS` seeds its tree with. Each start
 is one integer program over the options legal there, so that group actions refine it.
 
-Around its start, the cost model is evaluated for every single option and every pair of options
-of two groups. The step time (and the peak memory and bytes sent, for the budget and a ceiling)
-of a combination is then ``start + sum of single effects + sum of pairwise interactions``, with
+Groups that propagation ties together (sharding a batch's tokens shards its targets) are one
+decision there, whose options are the distinct plans of their joint choices: priced as two, each
+interaction with the tie would be counted twice. Around its start, the cost model is evaluated
+for every single option and every pair of options of two groups. The step time (and the peak
+memory and bytes sent, for the budget and a ceiling) of a combination is then ``start + sum of single effects + sum of pairwise interactions``, with
 one correction the cost model makes plain: collectives that XLA combines (one kind, the same
 axes, the same place in the program, see :mod:`automap.cost.combine`) pay one latency between
 them. So the latencies are taken out of the effects and priced per combine group: a group the
@@ -65,10 +67,11 @@ def starts(space: SearchSpace) -> list[tuple[Move, ...]]:
     return [()] + tactic_compositions(space, limit=4 ** len(space.axes))
 
 
-def options(space: SearchSpace, state: ShardingState, two_axes: bool = True) -> list[list[Option]]:
+def options(space: SearchSpace, state: ShardingState, two_axes: bool = True, tie: bool = True) -> list[list[Option]]:
     """Per decision group: () (leave it), each of its legal actions in ``state`` and, with
     ``two_axes`` on a mesh of several axes, each legal action followed by one on another axis
-    (a parameter sharded over two axes, as FSDP over the whole mesh does)."""
+    (a parameter sharded over two axes, as FSDP over the whole mesh does). With ``tie``, groups
+    that propagation ties together are one (:func:`_merge_tied`)."""
     legal = [a for a in space.legal(state) if isinstance(a, GroupAction)]
     out: list[list[Option]] = [[()] + [(a,) for a in legal if a.group == g] for g in range(len(space.groups))]
     for g, opts in enumerate(out if two_axes else ()):
@@ -81,18 +84,53 @@ def options(space: SearchSpace, state: ShardingState, two_axes: bool = True) -> 
                     if key not in seen:  # (b, a) makes the same plan as (a, b): one option
                         seen.add(key)
                         opts.append((a, b))
+    return _merge_tied(space, state, out) if tie else out
+
+
+def _merge_tied(space: SearchSpace, state: ShardingState, out: list[list[Option]]) -> list[list[Option]]:
+    """Groups that propagation ties together (an option of one makes the same plan as an option
+    of the other, as a batch's tokens and targets do) become one group, whose options are the
+    distinct plans of their joint choices, when these are fewer than twice their options apart;
+    the other group keeps only (). Priced apart, the pairwise model would count each interaction
+    with the tie twice (once per tied group)."""
+    after: dict[Option, ShardingState] = {(): state}
+
+    def plan(moves: Option) -> ShardingState:
+        got = after.get(moves)
+        if got is None:
+            got = plan(moves[:-1])
+            try:
+                got = space.apply(got, moves[-1])
+            except ShardingError:
+                pass  # as a replay does: a move the earlier ones made illegal is skipped
+            after[moves] = got
+        return got
+
+    made: dict = {}  # plan -> the groups that have an option making it
+    for g, opts in enumerate(out):
+        for o in opts[1:]:
+            made.setdefault(plan(o).key(), []).append(g)
+    made.pop(state.key(), None)
+    for g, h in sorted({(gs[0], h) for gs in made.values() for h in gs[1:] if h != gs[0]}):
+        if len(out[g]) < 2 or len(out[h]) < 2:
+            continue  # one of them merged already
+        joint: dict = {}  # plan -> the first joint choice that makes it (() first)
+        for o in (a + b for a in out[g] for b in out[h]):
+            joint.setdefault(plan(o).key(), o)
+        if len(joint) < 2 * (len(out[g]) + len(out[h])):  # one mostly determines the other
+            out[g], out[h] = list(joint.values()), [()]
     return out
 
 
-def combinations(space: SearchSpace) -> list[tuple[tuple[Move, ...], list[list[Option]]]]:
+def combinations(space: SearchSpace, tie: bool = True) -> list[tuple[tuple[Move, ...], list[list[Option]]]]:
     """(start moves, options per group) for every distinct start (a composition that leaves the
-    plan as an earlier start did is dropped)."""
+    plan as an earlier start did is dropped); ``tie`` as in :func:`options`."""
     seen, out = set(), []
     for start in starts(space):
         state, done = replay(space, start)
         if state.key() not in seen:
             seen.add(state.key())
-            out.append((done, options(space, state)))
+            out.append((done, options(space, state, tie=tie)))
     return out
 
 
@@ -118,11 +156,12 @@ class ILP:
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()
-        problems = combinations(space)
+        problems = combinations(space, tie=False)  # sized before ties are merged: at most that many
         needed = sum(1 + _pairs_needed(opts) for _, opts in problems)
         if needed > self.max_evaluations:
             raise TooLarge(f"the exact solver would need {needed} cost evaluations (max_evaluations="
                            f"{self.max_evaluations}): use search.MCTS, or fewer decision groups")
+        problems = [(start, _merge_tied(space, replay(space, start)[0], opts)) for start, opts in problems]
         best = _Incumbent(space, (space.root, space.score(space.root), ()), self.ceiling)
         consider = best.consider
         start_time = {start: consider(start).time_s for start, _ in problems}
@@ -154,9 +193,10 @@ def refine(space: SearchSpace, plan: Plan, ceiling: Ceiling | None = None, max_w
     it would cost more than ``max_work`` plans evaluated times ops per plan (deterministic: no
     clock decides whether it runs). Example: at the end of :func:`search.greedy.sweep`'s.
     """
-    opts = options(space, plan[0], two_axes=False)
+    opts = options(space, plan[0], two_axes=False, tie=False)
     if (1 + _pairs_needed(opts)) * len(space.program.all_ops) > max_work:
         return None
+    opts = _merge_tied(space, plan[0], opts)
     best = _Incumbent(space, plan, ceiling)
     t0 = time.perf_counter()
     model = _Pairwise(space, plan[2], opts, ceiling, best.consider)
@@ -371,7 +411,7 @@ def brute_force(space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[flo
     """The best step time over every start and every combination of options there (for testing
     the solver); with the moves that make it."""
     best: tuple[float, tuple[Move, ...]] = (float("inf"), ())
-    for start, opts in combinations(space):
+    for start, opts in combinations(space, tie=False):  # every joint choice of tied groups too
         for choice in itertools.product(*opts):
             moves = start + tuple(m for o in choice for m in o)
             s = space.score(replay(space, moves)[0])

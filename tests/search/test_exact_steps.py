@@ -53,7 +53,7 @@ def test_the_pairwise_model_pays_a_combine_groups_latency_once():
 
     space, state = _data_parallel_over_model()
     moves, _, end = sweep(space, state, "model")
-    opts = options(space, state, two_axes=False)
+    opts = options(space, state, two_axes=False, tie=False)
     assert all((a,) in opts[a.group] for a in moves)
     start = (TacticAction("data_parallel", "model"),)
     model = _Pairwise(space, start, opts, None, _Incumbent(space, (state, space.score(state), start), None).consider)
@@ -76,3 +76,46 @@ def test_refining_the_root_equals_brute_force_over_one_action_per_group():
     assert score.time_s == pytest.approx(best_time, rel=1e-12)
     assert replay(space, moves)[0].key() == state.key()  # the moves make the plan
     assert refine(space, (space.root, space.score(space.root), ()), max_work=1) is None  # too costly: skipped
+
+
+def test_tokens_and_targets_tied_by_propagation_are_one_decision_for_the_pairwise_model():
+    import itertools
+
+    from search.ilp import _Incumbent, _Pairwise, options
+
+    space = _unrolled_gpt_space()
+    names = [space.group_name(g) for g in range(len(space.groups))]
+    tokens, targets = names.index("batch/tokens"), names.index("batch/targets")
+    raw = options(space, space.root, two_axes=False, tie=False)
+    tied = options(space, space.root, two_axes=False)
+    assert sorted([len(tied[tokens]), len(tied[targets])])[0] == 1  # one of them is left with () only
+    joint = tied[tokens] if len(tied[tokens]) > 1 else tied[targets]
+
+    def plans(*opts):
+        return {replay(space, sum(choice, ()))[0].key() for choice in itertools.product(*opts)}
+
+    assert plans(joint) == plans(raw[tokens], raw[targets])  # every joint choice, once per plan
+    assert len(joint) == len(plans(joint)) < len(raw[tokens]) * len(raw[targets])
+
+    # data parallel over 'model' (both inputs' batch dim) and the head's input dim over 'model':
+    # tokens and targets priced apart count the head's interaction with the batch twice
+    head = names.index("state/params/head/kernel")
+    batch = {g: next(o for o in raw[g] if o and (o[0].dim, o[0].axis) == (0, "model")) for g in (tokens, targets)}
+    assert replay(space, batch[tokens])[0].key() == replay(space, batch[targets])[0].key()
+    sharded = next(o for o in raw[head] if o and (o[0].dim, o[0].axis) == (0, "model"))
+    merged = tokens if len(tied[tokens]) > 1 else targets
+    both = next(o for o in joint if replay(space, o)[0].key() == replay(space, batch[tokens])[0].key())
+    consider = _Incumbent(space, (space.root, space.score(space.root), ()), None).consider
+
+    def model(opts, keep):
+        return _Pairwise(space, (), [o if g in keep else [()] for g, o in enumerate(opts)], None, consider)
+
+    def real(*moves):  # a plan applies its options in group order, as the model measured them
+        return space.score(replay(space, sum(moves, ()))[0]).time_s
+
+    assert head < min(tokens, targets)
+    apart = model(raw, (tokens, targets, head)).value({**batch, head: sharded})
+    assert abs(apart / real(sharded, batch[targets], batch[tokens]) - 1) > 0.2  # 42% here
+    together = model(tied, (merged, head)).value({merged: both, head: sharded})
+    # one decision: the pair is measured; what is left is a latency the pair no longer pays
+    assert together == pytest.approx(real(sharded, both), rel=0.01)
