@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import sys
 import time
 from typing import Callable
 
@@ -21,6 +20,7 @@ from automap.shardings import ShardingState
 from search.base import SearchResult, SearchStats, better
 from search.ceiling import Ceiling, backed_up, ranked
 from search.greedy import best_preemption, best_step, sweep
+from search.progress import Progress
 from search.space import Move, Score, SearchSpace, TacticAction
 
 
@@ -140,7 +140,7 @@ class MCTS:
     tie_tolerance: float = 0.01  # plans this close to the fastest count as ties: the leanest wins
     expert_ceiling: bool = True  # never send more bytes or hold more memory than the fastest seed (ceiling.py)
     preempt: bool = False  # polishing may also decide one group before the plan's actions (costly: replays)
-    progress: bool | None = None  # None: a bar on a terminal when the search runs over ~2 s
+    progress: bool | None = None  # None: a tqdm bar on a terminal once the search has run progress.BAR_DELAY_S
     name: str = "mcts"
 
     def _polish(self, space: SearchSpace, plan: tuple, better, curve: list) -> tuple:
@@ -170,7 +170,7 @@ class MCTS:
         best_actions: tuple[Move, ...] = ()
         curve = []
         seeds = tactic_compositions(space, limit=self.episodes // 2) if self.seed_tactics else []
-        bar = _progress(self.episodes, self.progress)  # the seeds are episodes too
+        progress = Progress(self.episodes, self.progress)  # the seeds are episodes too
         grown = [n for seq in seeds if (n := _grow(space, root, seq)) is not None]
         expert = _fastest(space, [root] + grown) if self.expert_ceiling and grown else None
         if expert is not None:
@@ -181,8 +181,7 @@ class MCTS:
                 best_state, best, best_actions = leaf.state, leaf_score, leaf.actions
             backup(_path(root, leaf.actions), backed_up(leaf_score, ceiling))
             curve.append(best.reward)
-            if bar is not None:
-                bar.update(1)
+            progress.episode(best.reward)
         episodes = len(seeds)
         for episodes in range(len(seeds) + 1, self.episodes + 1):
             path = select(root, self.exploration, self.select_fn)
@@ -198,29 +197,29 @@ class MCTS:
                 best_actions = leaf.actions + _actions_between(space, leaf.state, end_state)
             backup(path, max(backed_up(end, ceiling), backed_up(leaf_score, ceiling)))
             curve.append(best.reward)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(best=f"{best.reward:.3f}", refresh=False)
+            progress.episode(best.reward)
             if self.time_budget_s is not None and time.perf_counter() - t0 > self.time_budget_s:
                 break
             if not root.untried and not root.children:
                 break
-        if bar is not None:
-            bar.close()
+        progress.step("polish", episodes)
         plan = self._polish(space, (best_state, best, best_actions), better, curve)
         # then sweep it and the fastest seeds (over the budget too: a sweep shards more) over the
         # mesh axes, and polish what the sweeps found, if they found better
+        progress.step("sweep", episodes)
         fastest = sorted(grown, key=lambda n: space.score(n.state).time_s)
         swept = _best_sweep(space, [(plan[0], plan[2])] + [(n.state, n.actions) for n in fastest], self.sweeps,
                             better)
         if swept is not None and better(swept[1], plan[1]):
             plan = self._polish(space, swept, better, curve)
+        progress.step("refine", episodes)
         if self.refine_work:  # last, the exact step: every group one more action, decided together
             from search.ilp import refine
 
             refined = refine(space, plan, ceiling, self.refine_work)
             if refined is not None and better(refined[1], plan[1]):
                 plan = refined
+        progress.close()
         best_state, best, best_actions = plan
         anchor = None if expert is None else (expert.state, space.score(expert.state), expert.actions)
         best_state, best, best_actions = leanest_tie(root, (best_state, best, best_actions), self.tie_tolerance,
@@ -390,13 +389,3 @@ def _actions_between(space: SearchSpace, start: ShardingState, end: ShardingStat
         else:
             break
     return tuple(out)
-
-
-def _progress(total: int, enabled: bool | None):
-    if enabled is False or (enabled is None and not sys.stderr.isatty()):
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return None
-    return tqdm(total=total, desc="automap search", delay=2.0, leave=False)

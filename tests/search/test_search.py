@@ -9,6 +9,7 @@ import pytest
 
 import automap
 import search
+import search.progress
 from automap import zoo
 from automap.cost import Topology
 from automap.ir.fold import fold
@@ -51,6 +52,18 @@ def test_mcts_is_deterministic_for_a_seed_and_improves_on_the_root():
     assert len(a.stats.curve) >= a.stats.episodes and a.stats.curve == tuple(sorted(a.stats.curve))
     other = search.MCTS(episodes=12, seed=4).search(_space())
     assert other.stats.curve != a.stats.curve or other.actions != a.actions
+
+
+def test_progress_bar_names_the_final_steps_and_stays_quiet_off_a_terminal(capsys, monkeypatch):
+    search.MCTS(episodes=4, seed=0).search(_space())
+    assert capsys.readouterr().err == ""  # pytest's stderr is no terminal: no bar by default
+    monkeypatch.setattr(search.progress, "BAR_DELAY_S", 0.0)
+    search.MCTS(episodes=4, seed=0, progress=True).search(_space())
+    err = capsys.readouterr().err
+    steps = len(search.progress.FINAL_STEPS)
+    for i, step in enumerate(search.progress.FINAL_STEPS):  # each final step is shown as it begins
+        assert f"automap search: {step}:" in err and f"| {4 + i}/{4 + steps} [" in err
+    assert "best=" in err
 
 
 GOLDEN = {  # seed -> the best plan's actions after 8 episodes and polishing (tiny scanned GPT, 2x4, cpu-sim)
