@@ -14,19 +14,18 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from automap.ir.program import Op, Program
+from automap.rules import traits_of
 from automap.shardings import ShardingState, to_partition_spec
 
 PinPolicy = Literal["all", "anchors", "none"]
-# ops whose operand is gathered along the cut dims before they run (see _Replay.whole_cut_dims)
-_GATHER_BEFORE = frozenset({"slice", "split", "dynamic_slice"})
-ANCHOR_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "gather", "scatter_add", "scatter-add"})
 
 
 def pinned_values(state: ShardingState, policy: PinPolicy = "anchors") -> frozenset[int]:
     """The values that get a sharding constraint.
 
-    ``anchors``: results of contractions and embedding lookups/updates (what fixes the layout
-    of the activations, e.g. batch-sharded under FSDP), whatever their spec; ``all``: every
+    ``anchors``: results of the ops whose traits say ``emit="pin"``: contractions and embedding
+    lookups/updates (what fixes the layout of the activations, e.g. batch-sharded under FSDP),
+    whatever their spec; ``all``: every
     intermediate; ``none``: only the inputs and outputs are fixed.
     """
     if policy == "none":
@@ -41,7 +40,7 @@ def pinned_values(state: ShardingState, policy: PinPolicy = "anchors") -> frozen
                     visit(region.ops)
             elif op.regions:  # cond/while are re-bound as they were: nothing inside is pinned
                 continue
-            elif policy == "all" or op.primitive in ANCHOR_PRIMITIVES:
+            elif policy == "all" or traits_of(op.primitive).pinned:
                 out.update(v for v in op.outputs if _constrainable(program, v))
 
     visit(program.ops)
@@ -112,7 +111,7 @@ class _Replay:
 
     def run_op(self, op: Op, env: dict) -> None:
         args = [self.get(env, v) for v in op.inputs]
-        if op.primitive in _GATHER_BEFORE and op.inputs and op.inputs[0] in self.shared:
+        if traits_of(op.primitive).emit == "whole_cut_operand" and op.inputs and op.inputs[0] in self.shared:
             args[0] = self.whole_cut_dims(op, args[0])
         if op.primitive == "scan":
             outs = self.run_scan(op, args)

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Iterable, Literal
 
 from automap.ir.program import Op, Program
+from automap.rules import traits_of
 
 EndKind = Literal["contract_weight", "contract_activation", "reduce", "blocked", "mix_weight", "output"]
 
@@ -122,7 +123,7 @@ def follow(
                 ends.append(FactorEnd("blocked", op))
                 continue
             if factor.kind == "reduction":
-                if op.primitive == "dot_general":
+                if traits_of(op.primitive).matmul:
                     others = [v for i, v in enumerate(op.linked_inputs) if i != pos]
                     kind: EndKind = "contract_weight" if all(v in weights for v in others) else "contract_activation"
                     ends.append(FactorEnd(kind, op))

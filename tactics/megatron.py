@@ -17,6 +17,7 @@ import dataclasses
 
 from automap.ir.program import Op, Program
 from automap.propagate import apply
+from automap.rules import traits_of
 from automap.shardings import Action, ShardingState
 from tactics.base import PlanContext, TacticResult, refusal
 from tactics.flow import consumers, derived, follow
@@ -58,15 +59,17 @@ def find_candidates(program: Program, state_inputs: tuple[int, ...]) -> tuple[li
     for op in program.all_ops:
         if op.phase != "forward":
             continue
-        data_indices = op.primitive == "gather" and op.inputs[1] not in weights and op.inputs[1] not in constants
-        if data_indices and op.inputs[0] in weights:  # a lookup by data (tokens), not by position
-            rule = op.rule
-            for d, fs in enumerate(rule.operands[0]):
-                if fs and rule.factors[fs[0]].kind == "reduction" and op.inputs[0] not in used:
-                    found.append(Candidate("embedding", op, op.inputs[0], d))
-                    used.add(op.inputs[0])
+        traits = traits_of(op.primitive)
+        if traits.lookup is not None:
+            table, indices = op.inputs[traits.lookup.table], op.inputs[traits.lookup.indices]
+            if indices not in weights and indices not in constants and table in weights:  # by data (tokens)
+                rule = op.rule
+                for d, fs in enumerate(rule.operands[traits.lookup.table]):
+                    if fs and rule.factors[fs[0]].kind == "reduction" and table not in used:
+                        found.append(Candidate("embedding", op, table, d))
+                        used.add(table)
             continue
-        if op.primitive != "dot_general":
+        if not traits.matmul:
             continue
         w_pos = [i for i, v in enumerate(op.inputs) if v in weights]
         if len(w_pos) != 1:

@@ -17,6 +17,7 @@ from automap.cost.flops import dot_flops, fused_op_bytes, op_flops
 from automap.cost.memory import MemoryEstimate, estimate_memory
 from automap.cost.topology import DeviceSpec, Topology
 from automap.ir.program import Op, Program
+from automap.rules import traits_of
 from automap.shardings import ShardingState
 
 
@@ -266,9 +267,10 @@ def _priced(topology: Topology, state: ShardingState) -> dict[int, tuple]:
 
 
 def _is_real_dot(program, op, fax, axes) -> bool:
-    """XLA rewrites a dot whose per-device contraction has size 1 (an outer product, e.g. a
-    weight gradient with one example per device) into a multiply: not a dot any more."""
-    if op.primitive != "dot_general":
+    """A matmul (by its traits) that stays one: XLA rewrites a dot whose per-device contraction
+    has size 1 (an outer product, e.g. a weight gradient with one example per device) into a
+    multiply: not a dot any more."""
+    if not traits_of(op.primitive).matmul:
         return False
     contraction = 1
     for f in op.rule.reduction_factors:

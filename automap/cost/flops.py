@@ -1,46 +1,34 @@
-"""FLOPs and memory traffic of one op, from shapes alone (global, before partitioning)."""
+"""FLOPs and memory traffic of one op, from shapes alone (global, before partitioning).
+
+What each primitive costs is its record's traits (:mod:`automap.rules.traits`): its ``flops``
+function, its ``fusion`` mode, whether it is a matmul.
+"""
 from __future__ import annotations
 
-import math
-
 from automap.ir.program import Op, Program
-
-# ops that move or relabel data without arithmetic
-DATA_MOVEMENT = frozenset({
-    "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "slice", "pad", "concatenate",
-    "rev", "split", "dynamic_slice", "dynamic_update_slice", "gather", "copy", "copy_p", "convert_element_type",
-    "bitcast_convert_type", "iota", "sharding_constraint", "stop_gradient", "optimization_barrier",
-    "random_wrap", "random_unwrap", "random_clone", "device_put", "scan", "cond", "while",
-})
+from automap.rules import RuleContext, Shaped, Traits, traits_of
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
+def _context(program: Program, op: Op) -> RuleContext:
+    def shaped(vids: tuple[int, ...]) -> tuple[Shaped, ...]:
+        return tuple(Shaped(program.values[v].shape, program.values[v].dtype) for v in vids)
+
+    return RuleContext(op.primitive, shaped(op.inputs), shaped(op.outputs), op.source)
+
+
+def _flops(program: Program, op: Op, traits: Traits) -> int:
+    return traits.flops(_context(program, op), **op.params)
 
 
 def dot_flops(program: Program, op: Op) -> int:
-    """2 * |result| * |contraction| for dot_general; 0 for anything else."""
-    if op.primitive != "dot_general":
-        return 0
-    (lc, _), _ = op.params["dimension_numbers"]
-    lhs = program.values[op.inputs[0]].shape
-    out = program.values[op.outputs[0]].shape
-    return 2 * _numel(out) * math.prod(lhs[d] for d in lc)
+    """The FLOPs of a matmul (``2 * |result| * |contraction|`` for dot_general); 0 for anything else."""
+    traits = traits_of(op.primitive)
+    return _flops(program, op, traits) if traits.matmul else 0
 
 
 def op_flops(program: Program, op: Op) -> int:
     """Arithmetic of one execution of ``op`` (regions are counted by their own ops)."""
-    if op.primitive == "dot_general":
-        return dot_flops(program, op)
-    if op.primitive == "conv_general_dilated":
-        rhs = program.values[op.inputs[1]].shape
-        out = program.values[op.outputs[0]].shape
-        return 2 * _numel(out) * _numel(rhs) // max(rhs[-1], 1)
-    if op.primitive in DATA_MOVEMENT:
-        return 0
-    if op.primitive.startswith("reduce_") or op.primitive.startswith("cum") or op.primitive.startswith("arg"):
-        return sum(_numel(program.values[v].shape) for v in op.inputs)
-    return sum(_numel(program.values[v].shape) for v in op.outputs)
+    return _flops(program, op, traits_of(op.primitive))
 
 
 def op_bytes(program: Program, op: Op) -> int:
@@ -50,15 +38,11 @@ def op_bytes(program: Program, op: Op) -> int:
     return sum(program.values[v].nbytes for v in op.inputs + op.outputs)
 
 
-# relabels and broadcasts XLA folds into the fusion that reads them (no buffer of their own)
-FOLDED = frozenset({"broadcast_in_dim", "convert_element_type", "reshape", "squeeze", "expand_dims", "iota"})
-UNFUSED_PREFIXES = ("reduce_", "cum", "arg", "scatter", "gather", "sort", "dynamic_")
-
-
 def fusible(program: Program, op: Op) -> bool:
-    """Whether XLA's loop fusion puts ``op`` in one kernel with its elementwise neighbours:
-    elementwise arithmetic (every operand has the result's shape or is a scalar) and the relabels
-    in `FOLDED`. Matmuls, reductions, gathers, scatters and loops are kernels of their own.
+    """Whether XLA's loop fusion puts ``op`` in one kernel with its elementwise neighbours: its
+    traits' ``fusion`` is ``folded`` (relabels and broadcasts), or ``loop`` (elementwise
+    arithmetic) with every operand of the result's shape or a scalar. Matmuls, reductions,
+    gathers, scatters and loops are kernels of their own.
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.ir.lower import lower
@@ -67,12 +51,11 @@ def fusible(program: Program, op: Op) -> bool:
     >>> [(op.primitive, fusible(prog, op)) for op in prog.all_ops]
     [('dot_general', False), ('tanh', True), ('reduce_sum', False)]
     """
-    if op.regions or op.primitive in ("dot_general", "conv_general_dilated"):
+    fusion = traits_of(op.primitive).fusion
+    if op.regions or fusion == "kernel":
         return False
-    if op.primitive in FOLDED:
+    if fusion == "folded":
         return True
-    if op.primitive in DATA_MOVEMENT or op.primitive.startswith(UNFUSED_PREFIXES):
-        return False
     shapes = {program.values[v].shape for v in op.outputs}
     return len(shapes) == 1 and all(program.values[v].shape in shapes or not program.values[v].shape
                                     for v in op.inputs)

@@ -7,7 +7,8 @@ values count as temporaries: XLA fuses chains of elementwise work, so a value ma
 op and read only by fusible ops or reductions never exists in memory; it is recomputed in each
 reader's kernel, so the buffers it is computed from stay live until its last reader (a forward
 value recomputed in the backward pass keeps its sources alive). An expensive elementwise result
-(``exp``, ``tanh``, ...) read by several ops is not recomputed but stored. A ``scan`` adds the peak
+(``exp``, ``tanh``, ...) read by several ops is not recomputed but stored. Which primitive is which
+is its record's ``memory`` trait (:data:`automap.rules.traits.Memory`). A ``scan`` adds the peak
 of its body (one iteration) while it runs; its stacked outputs are ordinary values.
 """
 from __future__ import annotations
@@ -21,25 +22,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
+from automap.rules import traits_of
 from automap.shardings import ShardingState  # noqa: F401  (doctest)
-
-# ops that XLA does not fuse into their consumers (their results are materialized buffers)
-MATERIALIZING = frozenset({
-    "dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add", "scatter_add", "scatter_mul",
-    "scatter_min", "scatter_max", "sort", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "argmax",
-    "argmin", "top_k", "scan", "cond", "while", "dynamic_update_slice", "random_bits", "reduce_sum", "reduce_max",
-    "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor", "concatenate", "pad",
-})
-# consumers that read their operands from memory (a fusible producer feeding them materializes)
-READS_MEMORY = MATERIALIZING - {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-                                "reduce_or", "reduce_xor", "concatenate", "pad"}
-# elementwise ops too costly to recompute: XLA does not duplicate them into several consumers'
-# fusions, so a result read by more than one op is written to memory (a softmax's exp, a GELU's tanh)
-EXPENSIVE = frozenset({
-    "exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "erf", "erfc", "erf_inv", "sqrt", "rsqrt", "cbrt",
-    "pow", "div", "atan2", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
-    "lgamma", "digamma", "igamma", "rem",
-})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +48,12 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
     for op in ops:
         readers.update(set(op.inputs))
     for op in ops:
-        if op.primitive in MATERIALIZING or op.regions:
+        traits = traits_of(op.primitive)
+        if traits.materializing or op.regions:
             keep.update(op.outputs)
-        elif op.primitive in EXPENSIVE:
+        elif traits.expensive:
             keep.update(v for v in op.outputs if readers[v] > 1)
-        if op.primitive in READS_MEMORY or op.regions:
+        if traits.reads_memory or op.regions:
             keep.update(op.inputs)
     return keep
 

@@ -1,10 +1,13 @@
-"""Per-primitive factor rules. Importing this package registers every family."""
+"""Per-primitive records: a factor rule and its traits (cost, fusion, memory, emission,
+contraction) per primitive. Importing this package registers every family."""
 from automap.rules import control_flow, dot, elementwise, indexing, random, reduce, shape  # noqa: F401
 from automap.rules.control_flow import STRUCTURAL
+from automap.rules.record import Record, record, undeclared
 from automap.rules.registry import (
     RULES, Factor, FactorRule, MissingRuleError, MissingRuleWarning, RuleContext, Shaped, def_blocked_along,
     def_elementwise, def_reduce, einsum, has_rule, register, replicated,
 )
+from automap.rules.traits import TRAITS, Contraction, Lookup, Traits, contraction, declare, traits_of
 
 
 def covered(primitive: str) -> bool:
@@ -13,6 +16,8 @@ def covered(primitive: str) -> bool:
 
 
 __all__ = [
-    "RULES", "STRUCTURAL", "Factor", "FactorRule", "MissingRuleError", "MissingRuleWarning", "RuleContext", "Shaped",
-    "covered", "def_blocked_along", "def_elementwise", "def_reduce", "einsum", "has_rule", "register", "replicated",
+    "RULES", "STRUCTURAL", "TRAITS", "Contraction", "Factor", "FactorRule", "Lookup", "MissingRuleError",
+    "MissingRuleWarning", "Record", "RuleContext", "Shaped", "Traits", "contraction", "covered", "declare",
+    "def_blocked_along", "def_elementwise", "def_reduce", "einsum", "has_rule", "record", "register", "replicated",
+    "traits_of", "undeclared",
 ]

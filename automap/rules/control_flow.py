@@ -5,5 +5,7 @@ Names listed here are handled structurally and count as covered."""
 from __future__ import annotations
 
 from automap import _compat
+from automap.rules.traits import CONTROL_FLOW, declare
 
 STRUCTURAL = frozenset({"scan", "cond", "while"}) | frozenset(_compat.INLINE_CALLS)
+declare("scan", "cond", "while", traits=CONTROL_FLOW)  # their regions count their own ops

@@ -2,12 +2,33 @@
 batched linear algebra (batch dims shared, matrix dims whole) and FFTs."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from automap.rules.registry import Factor, FactorRule, RuleContext, einsum, letters, register, replicated
+from automap.rules.traits import ELEMENTWISE, contraction
 
 
-@register("dot_general")
+def _dot_contracted(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> tuple[tuple[int, ...], ...]:
+    (lc, rc), _ = dimension_numbers
+    return tuple(lc), tuple(rc)
+
+
+def _conv_contracted(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> tuple[tuple[int, ...], ...]:
+    """The input features and the window's spatial dims."""
+    if dimension_numbers is None:
+        return (), ()
+    lhs_spec, rhs_spec, _ = dimension_numbers
+    return tuple(lhs_spec[1:]), tuple(rhs_spec[1:])
+
+
+def _conv_flops(ctx: RuleContext, **_: Any) -> int:
+    """``2 * |result| * |kernel| / out_features`` (the kernel's last dim taken as its outputs)."""
+    rhs, out = ctx.operands[1].shape, ctx.results[0].shape
+    return 2 * math.prod(out) * math.prod(rhs) // max(rhs[-1], 1)
+
+
+@register("dot_general", traits=contraction(_dot_contracted))
 def _dot_general(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
     (lc, rc), (lb, rb) = dimension_numbers
     lhs, rhs = ctx.operands
@@ -36,7 +57,8 @@ def _dot_general(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> Facto
     return einsum(ctx, f"{''.join(lterm)},{''.join(rterm)}->{out}")
 
 
-@register("conv_general_dilated")
+# a contraction, but its windows make it no matmul for the tactics (and its FLOPs no dot FLOPs)
+@register("conv_general_dilated", traits=contraction(_conv_contracted, kind="convolution", flops=_conv_flops))
 def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int = 1,
           batch_group_count: int = 1, **_: Any) -> FactorRule:
     """Batch and output features parallel, input features a reduction, spatial dims whole.
@@ -91,19 +113,19 @@ def _batched(ctx: RuleContext, core: int) -> FactorRule:
 
 
 @register("cholesky", "eig", "eigh", "lu", "qr", "svd", "hessenberg", "schur", "householder_product",
-          "tridiagonal", "triangular_solve")
+          "tridiagonal", "triangular_solve", traits=ELEMENTWISE)  # costed as elementwise work
 def _linalg(ctx: RuleContext, **_: Any) -> FactorRule:
     """Batched matrix decompositions and solves: batch dims shared, matrix dims whole (XLA
     partitions only the batch dims, e.g. not the independent columns of a triangular solve)."""
     return _batched(ctx, 2)
 
 
-@register("tridiagonal_solve")
+@register("tridiagonal_solve", traits=ELEMENTWISE)
 def _tridiagonal_solve(ctx: RuleContext, **_: Any) -> FactorRule:
     return _batched(ctx, 1)  # dl, d, du are (..., m); b is (..., m, n)
 
 
-@register("fft")
+@register("fft", traits=ELEMENTWISE)
 def _fft(ctx: RuleContext, **_: Any) -> FactorRule:
     """Whole. Its leading dims are independent, but XLA's SPMD partitioner gathers an FFT's
     operand even when only those are sharded; a replicated rule prices that gather."""

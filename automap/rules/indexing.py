@@ -7,12 +7,14 @@ parallel factor of operand and result while the update's batch dims are reductio
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from automap.rules.registry import FactorRule, RuleContext, einsum, letters, register
+from automap.rules.traits import LOOKUP, SCATTER, SLICE, UPDATE
 
 
-@register("gather")
+@register("gather", traits=LOOKUP)
 def _gather(ctx: RuleContext, *, dimension_numbers: Any, slice_sizes: Any, **_: Any) -> FactorRule:
     operand, indices = ctx.operands
     out = ctx.results[0]
@@ -71,25 +73,25 @@ def _scatter_rule(ctx: RuleContext, dn: Any, combine: bool) -> FactorRule:
     return einsum(ctx, ",".join(terms) + "->" + ",".join(''.join(pterm) for _ in ctx.results), blocked=blocked)
 
 
-@register("scatter-add", "scatter-mul", "scatter-min", "scatter-max", "scatter_add", "scatter_mul", "scatter_min",
-          "scatter_max")
+@register("scatter-mul", "scatter-min", "scatter-max", "scatter_mul", "scatter_min", "scatter_max", traits=SCATTER)
+@register("scatter-add", "scatter_add", traits=dataclasses.replace(SCATTER, emit="pin"))  # embedding gradients
 def _scatter_combine(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
     return _scatter_rule(ctx, dimension_numbers, combine=True)
 
 
-@register("scatter")
+@register("scatter", traits=SCATTER)
 def _scatter(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
     return _scatter_rule(ctx, dimension_numbers, combine=False)
 
 
-@register("dynamic_slice")
+@register("dynamic_slice", traits=SLICE)
 def _dynamic_slice(ctx: RuleContext, *, slice_sizes: Any, **_: Any) -> FactorRule:
     x = ctx.operands[0]
     term = "".join(c if slice_sizes[i] == x.shape[i] else "." for i, c in enumerate(letters(x.ndim)))
     return einsum(ctx, ",".join([term] + ["" for _ in ctx.operands[1:]]) + f"->{term}")
 
 
-@register("dynamic_update_slice")
+@register("dynamic_update_slice", traits=UPDATE)
 def _dynamic_update_slice(ctx: RuleContext, **_: Any) -> FactorRule:
     x, upd = ctx.operands[:2]
     full = letters(x.ndim)

@@ -6,13 +6,14 @@ from typing import Any, Sequence
 from automap.rules.registry import (
     FactorRule, RuleContext, def_blocked_along, def_reduce, einsum, letters, register, replicated,
 )
+from automap.rules.traits import ELEMENTWISE, KERNEL, WINDOW_REDUCTION, Traits, output_elements
 
 def_reduce("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor")
 def_blocked_along("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", param="axis")
 def_blocked_along("sort", param="dimension")
 
 
-@register("argmax", "argmin")
+@register("argmax", "argmin", traits=KERNEL)
 def _arg_reduce(ctx: RuleContext, *, axes: tuple[int, ...], **_: Any) -> FactorRule:
     """The index of the extreme needs the whole reduced dim: it is blocked, the rest shared."""
     term = letters(ctx.operands[0].ndim)
@@ -20,7 +21,7 @@ def _arg_reduce(ctx: RuleContext, *, axes: tuple[int, ...], **_: Any) -> FactorR
     return einsum(ctx, f"{term}->{kept}", blocked="".join(term[i] for i in axes))
 
 
-@register("top_k")
+@register("top_k", traits=Traits(output_elements, "kernel", "kernel"))
 def _top_k(ctx: RuleContext, **_: Any) -> FactorRule:
     """Whole. Its rows are independent, but XLA's SPMD partitioner does not partition
     ``chlo.top_k`` (it gathers the operand even when only the other dims are sharded); a
@@ -28,7 +29,7 @@ def _top_k(ctx: RuleContext, **_: Any) -> FactorRule:
     return replicated(ctx)
 
 
-@register("approx_top_k")
+@register("approx_top_k", traits=ELEMENTWISE)  # costed as elementwise work
 def _approx_top_k(ctx: RuleContext, *, reduction_dimension: int = -1, **_: Any) -> FactorRule:
     """The searched dim has another size in the results and stays whole; the others are shared."""
     return _other_dims_shared(ctx, reduction_dimension)
@@ -40,7 +41,7 @@ def _other_dims_shared(ctx: RuleContext, axis: int) -> FactorRule:
     return einsum(ctx, ",".join(term for _ in ctx.operands) + "->" + ",".join(term for _ in ctx.results))
 
 
-@register("reduce")
+@register("reduce", traits=ELEMENTWISE)  # costed as elementwise work
 def _reduce(ctx: RuleContext, *, dimensions: Sequence[int], **_: Any) -> FactorRule:
     """A variadic reduction with a user computation (operands, then their scalar init values):
     XLA has no collective for an arbitrary reducer, so the reduced dims stay whole."""
@@ -70,7 +71,7 @@ def _windowed(window_dimensions: Sequence[int], window_strides: Sequence[int], p
     }
 
 
-@register("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
+@register("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window", traits=WINDOW_REDUCTION)
 def _reduce_window(ctx: RuleContext, *, window_dimensions: Sequence[int], window_strides: Sequence[int],
                    padding: Sequence[Any], base_dilation: Sequence[int] | None = None,
                    window_dilation: Sequence[int] | None = None, **_: Any) -> FactorRule:
@@ -82,7 +83,7 @@ def _reduce_window(ctx: RuleContext, *, window_dimensions: Sequence[int], window
     return einsum(ctx, ",".join(ins) + "->" + ",".join(term for _ in ctx.results))
 
 
-@register("select_and_scatter_add", "select_and_gather_add")
+@register("select_and_scatter_add", "select_and_gather_add", traits=ELEMENTWISE)  # costed as elementwise work
 def _select_and_window(ctx: RuleContext, *, window_dimensions: Sequence[int], window_strides: Sequence[int],
                        padding: Sequence[Any], base_dilation: Sequence[int] | None = None,
                        window_dilation: Sequence[int] | None = None, **_: Any) -> FactorRule:

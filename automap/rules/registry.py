@@ -8,9 +8,11 @@ the work), ``reduction`` (it appears only in operands: sharding it leaves a part
 needs an all-reduce or reduce-scatter) or ``blocked`` (it must stay whole, e.g. the sorted dim).
 
 Rules take a :class:`RuleContext` first and the primitive's params as keywords last, so a new
-param in a JAX release never breaks a rule::
+param in a JAX release never breaks a rule. The primitive's traits (its FLOPs, fusion, memory,
+emission pins, contraction: :mod:`automap.rules.traits`) are declared in the same call, so a
+primitive is one entry::
 
-    @register(lax.dot_general_p)
+    @register(lax.dot_general_p, traits=contraction(_contracted_dims))
     def _dot(ctx, *, dimension_numbers, **_):
         ...
         return einsum(ctx, "bmk,bkn->bmn")
@@ -21,6 +23,8 @@ import dataclasses
 import string
 import warnings
 from typing import Any, Callable, Literal, Mapping, Sequence
+
+from automap.rules.traits import ELEMENTWISE, KERNEL, REDUCTION, Traits, declare
 
 FactorKind = Literal["parallel", "reduction", "blocked"]
 DimFactors = tuple[int, ...]
@@ -88,8 +92,12 @@ def _name(primitive: Any) -> str:
     return primitive if isinstance(primitive, str) else primitive.name
 
 
-def register(*primitives: Any) -> Callable[[Rule], Rule]:
-    """Decorator registering ``rule`` for each primitive (a ``Primitive`` or its name)."""
+def register(*primitives: Any, traits: Traits | None = None) -> Callable[[Rule], Rule]:
+    """Decorator registering ``rule`` for each primitive (a ``Primitive`` or its name), with its
+    cost and emission ``traits`` (:mod:`automap.rules.traits`; without them the primitive gets
+    the conservative ``UNKNOWN`` traits, and the traits test names it)."""
+    if traits is not None:
+        declare(*primitives, traits=traits)
 
     def wrap(rule: Rule) -> Rule:
         for p in primitives:
@@ -189,7 +197,7 @@ def letters(n: int, skip: str = "") -> str:
     return "".join(pool[:n])
 
 
-def def_elementwise(*primitives: Any) -> None:
+def def_elementwise(*primitives: Any, traits: Traits = ELEMENTWISE) -> None:
     """Same-shape operands and results, every dim one parallel factor; scalar operands broadcast."""
 
     def rule(ctx: RuleContext, **_: Any) -> FactorRule:
@@ -205,10 +213,10 @@ def def_elementwise(*primitives: Any) -> None:
         ins = [operand_term(s) for s in ctx.operands]
         return einsum(ctx, ",".join(ins) + "->" + ",".join(term for _ in ctx.results))
 
-    register(*primitives)(rule)
+    register(*primitives, traits=traits)(rule)
 
 
-def def_reduce(*primitives: Any) -> None:
+def def_reduce(*primitives: Any, traits: Traits = REDUCTION) -> None:
     """Reductions over ``axes``: reduced dims are reduction factors (a partial result when sharded)."""
 
     def rule(ctx: RuleContext, *, axes: Sequence[int], **_: Any) -> FactorRule:
@@ -217,10 +225,10 @@ def def_reduce(*primitives: Any) -> None:
         kept = "".join(c for i, c in enumerate(term) if i not in set(axes))
         return einsum(ctx, ",".join(term for _ in ctx.operands) + "->" + ",".join(kept for _ in ctx.results))
 
-    register(*primitives)(rule)
+    register(*primitives, traits=traits)(rule)
 
 
-def def_blocked_along(*primitives: Any, param: str) -> None:
+def def_blocked_along(*primitives: Any, param: str, traits: Traits = KERNEL) -> None:
     """Same-shape ops that must see the whole of dim ``params[param]`` (cumsum, sort, ...)."""
 
     def rule(ctx: RuleContext, **params: Any) -> FactorRule:
@@ -233,4 +241,4 @@ def def_blocked_along(*primitives: Any, param: str) -> None:
             blocked=term[axis] if rank else "",
         )
 
-    register(*primitives)(rule)
+    register(*primitives, traits=traits)(rule)

@@ -8,9 +8,10 @@ from typing import Any, Sequence
 from automap.rules.registry import (
     Factor, FactorRule, RuleContext, einsum, letters, register, replicated,
 )
+from automap.rules.traits import ASSEMBLY, DATA_MOVEMENT, ELEMENTWISE, RELABEL, SLICE
 
 
-@register("broadcast_in_dim")
+@register("broadcast_in_dim", traits=RELABEL)
 def _broadcast_in_dim(
     ctx: RuleContext, *, shape: Sequence[int], broadcast_dimensions: Sequence[int], **_: Any
 ) -> FactorRule:
@@ -24,13 +25,13 @@ def _broadcast_in_dim(
     return einsum(ctx, f"{term}->{out}")
 
 
-@register("transpose")
+@register("transpose", traits=DATA_MOVEMENT)
 def _transpose(ctx: RuleContext, *, permutation: Sequence[int], **_: Any) -> FactorRule:
     term = letters(len(permutation))
     return einsum(ctx, f"{term}->{''.join(term[p] for p in permutation)}")
 
 
-@register("squeeze")
+@register("squeeze", traits=RELABEL)
 def _squeeze(ctx: RuleContext, *, dimensions: Sequence[int], **_: Any) -> FactorRule:
     n = ctx.operands[0].ndim
     dims = {d % n for d in dimensions}
@@ -38,7 +39,7 @@ def _squeeze(ctx: RuleContext, *, dimensions: Sequence[int], **_: Any) -> Factor
     return einsum(ctx, f"{term}->{term.replace('.', '')}")
 
 
-@register("expand_dims")
+@register("expand_dims", traits=RELABEL)
 def _expand_dims(ctx: RuleContext, *, dimensions: Sequence[int], **_: Any) -> FactorRule:
     n = ctx.results[0].ndim
     dims = {d % n for d in dimensions}
@@ -75,7 +76,7 @@ def _groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[in
     return groups
 
 
-@register("reshape")
+@register("reshape", traits=RELABEL)
 def _reshape(ctx: RuleContext, *, new_sizes: Sequence[int], dimensions: Any = None, **_: Any) -> FactorRule:
     """Both shapes are read as mixed-radix digits of one flat index. Within each run of dims with
     equal products, the walk peels common major factors off the current dims of both sides
@@ -127,34 +128,35 @@ def _along(ctx: RuleContext, whole: set[int], n_scalar_tail: int = 0) -> FactorR
     return einsum(ctx, ",".join(ins) + "->" + ",".join(main for _ in ctx.results))
 
 
-@register("concatenate")
+@register("concatenate", traits=ASSEMBLY)
 def _concatenate(ctx: RuleContext, *, dimension: int, **_: Any) -> FactorRule:
     return _along(ctx, {dimension})
 
 
-@register("pad")
+@register("pad", traits=ASSEMBLY)
 def _pad(ctx: RuleContext, *, padding_config: Sequence[tuple[int, int, int]], **_: Any) -> FactorRule:
     return _along(ctx, {i for i, cfg in enumerate(padding_config) if tuple(cfg) != (0, 0, 0)})
 
 
-@register("slice")
+@register("slice", traits=SLICE)
 def _slice(ctx: RuleContext, **_: Any) -> FactorRule:
     x, y = ctx.operands[0], ctx.results[0]
     return _along(ctx, {i for i, (n, m) in enumerate(zip(x.shape, y.shape)) if n != m})
 
 
-@register("rev")
+@register("rev", traits=DATA_MOVEMENT)
 def _rev(ctx: RuleContext, *, dimensions: Sequence[int], **_: Any) -> FactorRule:
     term = letters(ctx.operands[0].ndim)
     return einsum(ctx, f"{term}->{term}", blocked="".join(term[d] for d in dimensions))
 
 
-@register("split")
+@register("split", traits=SLICE)
 def _split(ctx: RuleContext, *, axis: int, **_: Any) -> FactorRule:
     return _along(ctx, {axis % ctx.operands[0].ndim})
 
 
-@register("iota", "empty2")  # empty2: uninitialised residuals (e.g. of a cond under grad)
+@register("iota", traits=RELABEL)
+@register("empty2", traits=ELEMENTWISE)  # uninitialised residuals (e.g. of a cond under grad)
 def _iota(ctx: RuleContext, **_: Any) -> FactorRule:
     """No operands: each result dim is its own parallel factor (computed where it lives)."""
     return einsum(ctx, "->" + letters(ctx.results[0].ndim))

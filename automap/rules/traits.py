@@ -1,0 +1,205 @@
+"""What automap knows of a primitive besides its factor rule: its *traits*, declared next to the rule.
+
+A primitive's :class:`Traits` say what the cost model, emission and the tactics need to know of
+it, so that none of them keeps its own list of names:
+
+- ``flops``: the arithmetic of one execution, ``flops(ctx, **params)`` from the op's global
+  shapes (the rule's :class:`~automap.rules.registry.RuleContext` and params, like a rule);
+  data movement is :func:`no_flops`.
+- ``fusion``: how XLA's loop fusion treats it (:data:`Fusion`).
+- ``memory``: which of its values exist as buffers (:data:`Memory`).
+- ``emit``: what emission does around it (:data:`Emit`): pin its results (the anchors of the
+  activations' layout), or constrain its operand before it cuts it.
+- ``contraction``: for a contraction (``dot_general``, ``conv``), which operand dims it sums
+  over and whether the tactics see a matmul (:class:`Contraction`).
+- ``lookup``: for an embedding-style lookup (``gather``), which operand is the table and which
+  the indices (:class:`Lookup`).
+
+Traits are declared with the rule: ``register(p, traits=...)`` or a family helper, whose
+defaults are the family constants here (``def_elementwise`` gives :data:`ELEMENTWISE`,
+``def_reduce`` :data:`REDUCTION`, ...). A contraction-like primitive is one entry::
+
+    @register(ragged_dot_p, traits=contraction(lambda ctx, **_: ((1,), (1,))))
+    def _ragged_dot(ctx, **params): ...
+
+A primitive with no declared traits (one whose rule is derived, or registered without traits)
+gets :data:`UNKNOWN`: its own kernel, a buffer in and out, one FLOP per result element, never
+pinned; ``tests/automap/rules/test_traits.py`` fails on a registered rule without traits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Any, Callable, Literal, Sequence
+
+FlopsFn = Callable[..., int]  # flops(ctx: RuleContext, **params) -> FLOPs of one execution
+DimsFn = Callable[..., tuple[tuple[int, ...], ...]]  # dims(ctx, **params) -> contracted dims of each operand
+
+Fusion = Literal["loop", "folded", "kernel"]
+"""``loop``: fused with its elementwise neighbours when every operand has the result's shape or is
+a scalar; ``folded``: always read in place by the fusion that consumes it (a relabel or a
+broadcast); ``kernel``: a kernel of its own (matmuls, reductions, gathers, loops)."""
+
+Memory = Literal["fused", "expensive", "result", "kernel"]
+"""``fused``: its result is recomputed in each reader's kernel when they fuse (no buffer);
+``expensive``: likewise, but stored when more than one op reads it (a softmax's ``exp``, a
+GELU's ``tanh``: XLA does not duplicate it); ``result``: its result is a buffer, its operands are
+read inside its fusion (a reduction); ``kernel``: operands read from memory and result a buffer."""
+
+Emit = Literal["replay", "pin", "whole_cut_operand"]
+"""``replay``: bound as it is; ``pin``: its results get a sharding constraint under the default
+``anchors`` policy (contractions, lookups: they fix the activations' layout); ``whole_cut_operand``:
+its operand is constrained with the dims it cuts whole before it runs (slices; see
+:meth:`automap.emit._Replay.whole_cut_dims`)."""
+
+ContractionKind = Literal["matmul", "convolution"]
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def no_flops(ctx: Any, **_: Any) -> int:
+    """Data movement: no arithmetic."""
+    return 0
+
+
+def output_elements(ctx: Any, **_: Any) -> int:
+    """One FLOP per result element (elementwise work)."""
+    return sum(_numel(s.shape) for s in ctx.results)
+
+
+def input_elements(ctx: Any, **_: Any) -> int:
+    """One FLOP per operand element (reductions, scans along a dim)."""
+    return sum(_numel(s.shape) for s in ctx.operands)
+
+
+@dataclasses.dataclass(frozen=True)
+class Contraction:
+    """A contraction-like primitive: ``dims(ctx, **params)`` gives, for each operand, the dims it
+    sums over. A ``matmul`` is what the tactics pair (megatron's column/row matmuls, the flow's
+    contraction with a weight), what counts as dot FLOPs, and what XLA turns into a multiply when
+    its per-device contraction has size one."""
+
+    dims: DimsFn
+    kind: ContractionKind = "matmul"
+
+    def flops(self, ctx: Any, **params: Any) -> int:
+        """``2 * |result| * |contraction|``, the contraction's size read off operand 0."""
+        lhs_dims = self.dims(ctx, **params)[0]
+        return 2 * _numel(ctx.results[0].shape) * math.prod(ctx.operands[0].shape[d] for d in lhs_dims)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookup:
+    """An embedding-style lookup: rows of operand ``table`` picked by operand ``indices``."""
+
+    table: int = 0
+    indices: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Traits:
+    """What the cost model, emission and the tactics know of one primitive (module docstring)."""
+
+    flops: FlopsFn
+    fusion: Fusion
+    memory: Memory
+    emit: Emit = "replay"
+    contraction: Contraction | None = None
+    lookup: Lookup | None = None
+
+    def __post_init__(self) -> None:
+        for field, mode in (("fusion", Fusion), ("memory", Memory), ("emit", Emit)):
+            allowed = typing.get_args(mode)
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"Traits.{field}={getattr(self, field)!r} is not one of {allowed}")
+        if not callable(self.flops):
+            raise TypeError(f"Traits.flops must be a function flops(ctx, **params) -> int, got {self.flops!r}")
+
+    @property
+    def materializing(self) -> bool:
+        """Its results are buffers (XLA does not fuse it into its consumers)."""
+        return self.memory in ("result", "kernel")
+
+    @property
+    def reads_memory(self) -> bool:
+        """It reads its operands from memory (a fusible producer feeding it is stored)."""
+        return self.memory == "kernel"
+
+    @property
+    def expensive(self) -> bool:
+        """An elementwise op not recomputed in several consumers' fusions."""
+        return self.memory == "expensive"
+
+    @property
+    def pinned(self) -> bool:
+        """Emission pins its results under the ``anchors`` policy."""
+        return self.emit == "pin"
+
+    @property
+    def matmul(self) -> bool:
+        return self.contraction is not None and self.contraction.kind == "matmul"
+
+
+# ---------------------------------------------------------------------------------------------
+# family defaults
+
+ELEMENTWISE = Traits(output_elements, "loop", "fused")
+EXPENSIVE_ELEMENTWISE = Traits(output_elements, "loop", "expensive")
+RELABEL = Traits(no_flops, "folded", "fused")  # reshape, broadcast, convert: read in place
+DATA_MOVEMENT = Traits(no_flops, "kernel", "fused")  # copies, transposes, slices
+SLICE = dataclasses.replace(DATA_MOVEMENT, emit="whole_cut_operand")
+ASSEMBLY = Traits(no_flops, "kernel", "result")  # concatenate, pad: a new buffer from fused operands
+UPDATE = Traits(no_flops, "kernel", "kernel")  # in-place updates of a buffer
+REDUCTION = Traits(input_elements, "kernel", "result")
+WINDOW_REDUCTION = Traits(input_elements, "kernel", "fused")  # pooling
+KERNEL = Traits(input_elements, "kernel", "kernel")  # sorts, cumulative ops, arg reductions
+SCATTER = Traits(output_elements, "kernel", "kernel")
+LOOKUP = Traits(no_flops, "kernel", "kernel", emit="pin", lookup=Lookup())
+CONTROL_FLOW = Traits(no_flops, "kernel", "kernel")  # regions count their own ops
+UNKNOWN = Traits(output_elements, "kernel", "kernel")
+"""The sound default for a primitive without declared traits: its own kernel, its operands read
+from and its result written to memory, one FLOP per result element, not pinned."""
+
+
+def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsFn | None = None) -> Traits:
+    """Traits of a contraction summing over ``dims(ctx, **params)`` of each operand: its own
+    kernel, results pinned by emission, FLOPs ``2 * |result| * |contraction|`` unless given.
+
+    >>> t = contraction(lambda ctx, **_: ((1,), (0,)))  # x[m, k] @ w[k, n]
+    >>> from automap.rules.registry import RuleContext, Shaped
+    >>> ctx = RuleContext("toy", (Shaped((4, 8), "f32"), Shaped((8, 2), "f32")), (Shaped((4, 2), "f32"),))
+    >>> t.flops(ctx), t.matmul, t.pinned, t.materializing
+    (128, True, True, True)
+    """
+    shape = Contraction(dims, kind)
+    return Traits(flops or shape.flops, "kernel", "kernel", emit="pin", contraction=shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+TRAITS: dict[str, Traits] = {}
+
+
+def _name(primitive: Any) -> str:
+    return primitive if isinstance(primitive, str) else primitive.name
+
+
+def declare(*primitives: Any, traits: Traits) -> None:
+    """Declare ``traits`` for each primitive (a ``Primitive`` or its name); the last one wins."""
+    if not isinstance(traits, Traits):
+        raise TypeError(f"traits for {[_name(p) for p in primitives]} must be a Traits, got {traits!r}")
+    for p in primitives:
+        TRAITS[_name(p)] = traits
+
+
+def traits_of(primitive: Any) -> Traits:
+    """The declared traits of ``primitive``, or :data:`UNKNOWN`.
+
+    >>> traits_of("exp").expensive, traits_of("dot_general").matmul, traits_of("no_such_op") is UNKNOWN
+    (True, True, True)
+    """
+    return TRAITS.get(_name(primitive), UNKNOWN)
