@@ -198,7 +198,8 @@ def letters(n: int, skip: str = "") -> str:
 
 
 def def_elementwise(*primitives: Any, traits: Traits = ELEMENTWISE) -> None:
-    """Same-shape operands and results, every dim one parallel factor; scalar operands broadcast."""
+    """Same-shape operands and results, every dim one parallel factor; scalar operands broadcast.
+    Traits default to ``ELEMENTWISE`` (fused, one FLOP per result element)."""
 
     def rule(ctx: RuleContext, **_: Any) -> FactorRule:
         out = ctx.results[0].shape
@@ -217,7 +218,8 @@ def def_elementwise(*primitives: Any, traits: Traits = ELEMENTWISE) -> None:
 
 
 def def_reduce(*primitives: Any, traits: Traits = REDUCTION) -> None:
-    """Reductions over ``axes``: reduced dims are reduction factors (a partial result when sharded)."""
+    """Reductions over ``axes``: reduced dims are reduction factors (a partial result when sharded).
+    Traits default to ``REDUCTION`` (a buffer result, one FLOP per operand element)."""
 
     def rule(ctx: RuleContext, *, axes: Sequence[int], **_: Any) -> FactorRule:
         rank = ctx.operands[0].ndim
@@ -229,7 +231,8 @@ def def_reduce(*primitives: Any, traits: Traits = REDUCTION) -> None:
 
 
 def def_blocked_along(*primitives: Any, param: str, traits: Traits = KERNEL) -> None:
-    """Same-shape ops that must see the whole of dim ``params[param]`` (cumsum, sort, ...)."""
+    """Same-shape ops that must see the whole of dim ``params[param]`` (cumsum, sort, ...).
+    Traits default to ``KERNEL`` (a kernel of its own, one FLOP per operand element)."""
 
     def rule(ctx: RuleContext, **params: Any) -> FactorRule:
         rank = ctx.operands[0].ndim
