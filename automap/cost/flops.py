@@ -7,16 +7,20 @@ from __future__ import annotations
 
 from automap.ir.program import Op, Program
 from automap.rules import RuleContext, Shaped, Traits, traits_of
+from automap.rules.traits import no_flops
 
 
 def _context(program: Program, op: Op) -> RuleContext:
-    def shaped(vids: tuple[int, ...]) -> tuple[Shaped, ...]:
-        return tuple(Shaped(program.values[v].shape, program.values[v].dtype) for v in vids)
-
-    return RuleContext(op.primitive, shaped(op.inputs), shaped(op.outputs), op.source)
+    shaped = program.memo.get("shaped")
+    if shaped is None:  # one Shaped per value, built once per program
+        shaped = program.memo["shaped"] = [Shaped(v.shape, v.dtype) for v in program.values]
+    return RuleContext(op.primitive, tuple(shaped[v] for v in op.inputs), tuple(shaped[v] for v in op.outputs),
+                       op.source)
 
 
 def _flops(program: Program, op: Op, traits: Traits) -> int:
+    if traits.flops is no_flops:
+        return 0
     return traits.flops(_context(program, op), **op.params)
 
 
