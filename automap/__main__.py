@@ -1,14 +1,28 @@
-"""Command line: ``python -m automap demo [--layers N] [--scan] [--nnx]`` and
-``python -m automap bench megatron [--quick] [--out DIR]``."""
+"""Command line: ``python -m automap {demo,bench} [options]``; ``--help`` lists the commands."""
 import sys
 
 BENCHMARKS = {"megatron": "automap.bench_megatron"}
+COMMANDS = {
+    "demo": ("automap.demo", "a GPT train step on 8 simulated CPU devices: three plans, their reports, "
+             "what XLA compiled, the loss against the unsharded step [--layers N] [--scan] [--nnx]"),
+    "bench": (None, "benchmarks: 'bench megatron [--quick] [--out DIR]' (GPT-2 shapes, estimated; writes to "
+              "a fresh directory unless --out is given)"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m automap COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<7} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "python -m automap COMMAND --help shows a command's options."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    commands = {"demo": "automap.demo", "bench": None}
-    if not argv or argv[0] not in commands:
-        print(f"usage: python -m automap {{{','.join(commands)}}} [options]")
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        print(usage())
         return 2
     import importlib
 
@@ -17,7 +31,7 @@ def main(argv: list[str]) -> int:
             print(f"usage: python -m automap bench {{{','.join(BENCHMARKS)}}} [options]")
             return 2
         return importlib.import_module(BENCHMARKS[argv[1]]).main(argv[2:])
-    return importlib.import_module(commands[argv[0]]).main(argv[1:])
+    return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
 
 
 if __name__ == "__main__":

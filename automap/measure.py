@@ -123,8 +123,11 @@ class Measurement:
     def count(self, kind: CollectiveKind) -> int:
         return self.collectives[kind].count if kind in self.collectives else 0
 
+    def __str__(self) -> str:
+        return self.summary()
+
     def summary(self) -> str:
-        """A short table: collectives by kind, dot FLOPs and memory per device."""
+        """A short table: collectives by kind, dot FLOPs and memory per device (``print(m)``)."""
         rows = [f"{'collective':<20}{'count':>8}{'bytes':>14}"]
         for kind, stat in self.collectives.items():
             rows.append(f"{kind:<20}{stat.count:>8}{_fmt_bytes(stat.bytes):>14}")
