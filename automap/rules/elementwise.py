@@ -22,8 +22,18 @@ def_elementwise(
     "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz",
     # conversions and identities
     "convert_element_type", "reduce_precision", "copy", "copy_p", "real", "imag", "conj", "complex",
-    "sharding_constraint", "stop_gradient", "threefry2x32", "random_fold_in", "random_clone",
+    "sharding_constraint", "stop_gradient", "threefry2x32", "random_fold_in", "random_clone", "mulhi",
+    # a placement hint: an identity on the values (the plan decides the placement)
+    "reshard",
 )
+
+
+@register("shard_alike")
+def _shard_alike(ctx: RuleContext, **_: Any) -> FactorRule:
+    """``shard_alike(x, y)``: two same-shape values the user asks to be sharded alike. Both
+    operands and both results share every dim, so a sharding reaching one reaches the other."""
+    term = letters(ctx.results[0].ndim)
+    return einsum(ctx, f"{term},{term}->{term},{term}")
 
 
 @register("bitcast_convert_type")

@@ -71,8 +71,8 @@ def _scatter_rule(ctx: RuleContext, dn: Any, combine: bool) -> FactorRule:
     return einsum(ctx, ",".join(terms) + "->" + ",".join(''.join(pterm) for _ in ctx.results), blocked=blocked)
 
 
-@register("scatter-add", "scatter-mul", "scatter-min", "scatter-max", "scatter_add", "scatter_mul", "scatter_min",
-          "scatter_max")
+@register("scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max", "scatter_add", "scatter_sub",
+          "scatter_mul", "scatter_min", "scatter_max")
 def _scatter_combine(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
     return _scatter_rule(ctx, dimension_numbers, combine=True)
 
