@@ -158,7 +158,7 @@ def _batched(ctx: RuleContext, core: int) -> FactorRule:
 
 
 @register("cholesky", "eig", "eigh", "lu", "qr", "svd", "hessenberg", "schur", "householder_product",
-          "tridiagonal", "triangular_solve")
+          "tridiagonal", "triangular_solve", "ormqr")
 def _linalg(ctx: RuleContext, **_: Any) -> FactorRule:
     """Batched matrix decompositions and solves: batch dims shared, matrix dims whole (XLA
     partitions only the batch dims, e.g. not the independent columns of a triangular solve)."""
