@@ -205,9 +205,29 @@ def format_report(plan: Any, full: bool = False) -> str:
            "(report(full=True) lists every leaf)")
     )
     lines.append(f"  pinned intermediates: {len(plan.pins)}")
-    missing = sorted({op.primitive for op in program.all_ops if not op.has_rule})
-    if missing:
-        lines.append(f"  replicated around (no factor rule): {', '.join(missing)}")
+    lines += rules_lines(program)
     for note in plan.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def rules_lines(program: Any) -> list[str]:
+    """Where the plan could not shard freely: ops replicated around (no rule), ops kept whole on
+    purpose (with the reason) and primitives whose rule was derived from XLA."""
+    from automap.rules import UNSHARDABLE, registry
+
+    lines = []
+    missing = sorted({op.primitive for op in program.all_ops if not op.has_rule})
+    if missing:
+        lines.append(f"  replicated around (no factor rule): {', '.join(missing)}")
+    whole = {}
+    for op in program.all_ops:
+        if op.primitive in UNSHARDABLE:
+            whole.setdefault(op.primitive, op.source)
+    for prim, source in sorted(whole.items()):
+        lines.append(f"  kept whole: {prim} at {source or '?'}: {UNSHARDABLE[prim]}")
+    derived = sorted({op.primitive for op in program.all_ops
+                      if op.has_rule and not op.regions and registry.is_derived(op.primitive)})
+    if derived:
+        lines.append(f"  factor rules derived from XLA (no hand-written rule): {', '.join(derived)}")
+    return lines

@@ -42,16 +42,16 @@ class _Lowering:
         self.seen_backward = False
         self.rules: dict[Any, tuple[FactorRule, bool]] = {}
 
-    def rule(self, ctx: RuleContext, params: dict) -> tuple[FactorRule, bool]:
+    def rule(self, ctx: RuleContext, params: dict, primitive: Any = None) -> tuple[FactorRule, bool]:
         """The factor rule, memoised on (primitive, shapes, params): repeated layers share it."""
         try:
             key = (ctx.primitive, ctx.operands, ctx.results, tuple(sorted(params.items())))
             hash(key)
         except TypeError:
-            return registry.rule_for(ctx, params, strict=self.strict)
+            return registry.rule_for(ctx, params, strict=self.strict, primitive=primitive)
         got = self.rules.get(key)
         if got is None:
-            got = self.rules[key] = registry.rule_for(ctx, params, strict=self.strict)
+            got = self.rules[key] = registry.rule_for(ctx, params, strict=self.strict, primitive=primitive)
         return got
 
     # -- values -------------------------------------------------------------------------------
@@ -127,8 +127,9 @@ class _Lowering:
                 tuple(Shaped(self.values[i].shape, self.values[i].dtype) for i in in_ids),
                 tuple(Shaped(self.values[i].shape, self.values[i].dtype) for i in out_ids),
                 source,
+                self.values[out_ids[0]].name if out_ids else "",
             )
-            rule, ok = self.rule(ctx, eqn.params)
+            rule, ok = self.rule(ctx, eqn.params, eqn.primitive)
             linked_in, linked_out = tuple(in_ids), tuple(out_ids)
         ops.append(
             Op(

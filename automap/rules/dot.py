@@ -28,13 +28,17 @@ def _conv_flops(ctx: RuleContext, **_: Any) -> int:
     return 2 * math.prod(out) * math.prod(rhs) // max(rhs[-1], 1)
 
 
-@register("dot_general", traits=contraction(_dot_contracted))
-def _dot_general(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
+
+
+def _dot_terms(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any, rhs_skip: tuple[int, ...] = ()):
+    """Letters of a ``dot_general``'s operands and result: batch, then lhs free, then rhs free
+    (``rhs_skip``: rhs dims left out of all three, marked ``"."``)."""
     (lc, rc), (lb, rb) = dimension_numbers
-    lhs, rhs = ctx.operands
-    pool = iter(letters(lhs.ndim + rhs.ndim))
-    lterm = [""] * lhs.ndim
-    rterm = [""] * rhs.ndim
+    pool = iter(letters(lhs_ndim + rhs_ndim))
+    lterm = [""] * lhs_ndim
+    rterm = [""] * rhs_ndim
+    for j in rhs_skip:
+        rterm[j] = "."
     batch = []
     for i, j in zip(lb, rb, strict=True):
         c = next(pool)
@@ -44,17 +48,101 @@ def _dot_general(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> Facto
         c = next(pool)
         lterm[i] = rterm[j] = c
     lfree = []
-    for i in range(lhs.ndim):
+    for i in range(lhs_ndim):
         if not lterm[i]:
             lterm[i] = next(pool)
             lfree.append(lterm[i])
     rfree = []
-    for j in range(rhs.ndim):
+    for j in range(rhs_ndim):
         if not rterm[j]:
             rterm[j] = next(pool)
             rfree.append(rterm[j])
-    out = "".join(batch + lfree + rfree)
-    return einsum(ctx, f"{''.join(lterm)},{''.join(rterm)}->{out}")
+    return lterm, rterm, batch + lfree + rfree
+
+
+@register("dot_general", traits=contraction(_dot_contracted))
+def _dot_general(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
+    lhs, rhs = ctx.operands
+    lterm, rterm, out = _dot_terms(lhs.ndim, rhs.ndim, dimension_numbers)
+    return einsum(ctx, f"{''.join(lterm)},{''.join(rterm)}->{''.join(out)}")
+
+
+def _ragged_contracted(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, **_: Any) -> tuple[tuple[int, ...], ...]:
+    (lc, rc), _ = ragged_dot_dimension_numbers.dot_dimension_numbers
+    return (tuple(lc), tuple(rc)) + tuple(() for _ in ctx.operands[2:])
+
+
+def _ragged_flops(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, **_: Any) -> int:
+    """Each row meets one group's weights: ``2 * |lhs| * |rhs free dims|`` (``2 m k n``)."""
+    dn = ragged_dot_dimension_numbers
+    (_, rc), (_, rb) = dn.dot_dimension_numbers
+    rhs = ctx.operands[1].shape
+    skip = set(rc) | set(rb) | set(dn.rhs_group_dimensions)
+    return 2 * math.prod(ctx.operands[0].shape) * math.prod(n for d, n in enumerate(rhs) if d not in skip)
+
+
+@register("ragged_dot_general", traits=contraction(_ragged_contracted, flops=_ragged_flops))
+def _ragged_dot_general(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, **_: Any) -> FactorRule:
+    """``lax.ragged_dot`` (mixture of experts): rows of ``lhs`` fall into ``g`` contiguous groups
+    of ``group_sizes`` rows. A dot_general otherwise, except:
+
+    - ragged non-contracting lhs dim ``m`` (the forward ``[m,k] x [g,k,n] -> [m,n]``): ``m`` is
+      blocked (a shard of rows would need its own group sizes); the rhs group dim ``g`` is a
+      reduction (expert parallel: each device multiplies the rows of its experts, zeros elsewhere,
+      and the partial results sum); ``k`` a reduction; ``n`` parallel.
+    - ragged contracting dim (the weight gradient ``[m,k] x [m,n] -> [g,k,n]``): the ragged dim
+      and the result's group dim stay whole, the free dims are parallel.
+    - a ragged batch dim: whole.
+
+    ``group_sizes`` stays whole."""
+    dn = ragged_dot_dimension_numbers
+    lhs, rhs = ctx.operands[:2]
+    (lc, _), (lb, _) = dn.dot_dimension_numbers
+    (ragged,) = dn.lhs_ragged_dimensions
+    groups = tuple(dn.rhs_group_dimensions)
+    rest = ["." * s.ndim for s in ctx.operands[2:]]
+    if ragged in lb:
+        return replicated(ctx)
+    lterm, rterm, out = _dot_terms(lhs.ndim, rhs.ndim, dn.dot_dimension_numbers, rhs_skip=groups)
+    blocked = lterm[ragged]
+    if ragged in lc:
+        out = ["."] + out  # the group dim leads the result
+    elif groups:
+        g = letters(1, skip="".join(lterm + rterm))
+        rterm[groups[0]] = g  # in no result: a reduction
+    if len(out) != ctx.results[0].ndim:
+        return replicated(ctx)
+    return einsum(ctx, ",".join(["".join(lterm), "".join(rterm)] + rest) + f"->{''.join(out)}", blocked=blocked)
+
+
+def _scaled_contracted(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> tuple[tuple[int, ...], ...]:
+    (lc, rc), _ = dimension_numbers
+    return tuple(lc), tuple(rc), (), ()
+
+
+@register("scaled_dot", traits=contraction(_scaled_contracted))
+def _scaled_dot(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
+    """``lax.scaled_dot(lhs, rhs, lhs_scale, rhs_scale)`` (block-scaled low precision): a
+    dot_general on lhs and rhs; each scale has its operand's shape with the contracting dims
+    divided into blocks, so it shares the batch and free dims and keeps its blocks whole."""
+    lhs, rhs, ls, rs = ctx.operands
+    lterm, rterm, out = _dot_terms(lhs.ndim, rhs.ndim, dimension_numbers)
+    (lc, rc), _ = dimension_numbers
+
+    def scale_term(term: list[str], contracting: Any, value: Any, scale: Any) -> str:
+        if scale.ndim != value.ndim:
+            return "." * scale.ndim
+        return "".join("." if d in contracting or scale.shape[d] != value.shape[d] else c for d, c in enumerate(term))
+
+    terms = ["".join(lterm), "".join(rterm), scale_term(lterm, lc, lhs, ls), scale_term(rterm, rc, rhs, rs)]
+    return einsum(ctx, ",".join(terms) + f"->{''.join(out)}")
+
+
+@register("scaled_matmul_wrapper", traits=contraction(lambda ctx, **_: ((2,), (2,), (), ())))
+def _scaled_matmul(ctx: RuleContext, **_: Any) -> FactorRule:
+    """``jax.nn.scaled_matmul``: ``[b,m,k] x [b,n,k] -> [b,m,n]`` with scales ``[b,m,k/s]``,
+    ``[b,n,k/s]``: ``k`` a reduction, the scale blocks whole."""
+    return einsum(ctx, "bmk,bnk,bm.,bn.->bmn")
 
 
 # a contraction, but its windows make it no matmul for the tactics (and its FLOPs no dot FLOPs)
@@ -113,7 +201,7 @@ def _batched(ctx: RuleContext, core: int) -> FactorRule:
 
 
 @register("cholesky", "eig", "eigh", "lu", "qr", "svd", "hessenberg", "schur", "householder_product",
-          "tridiagonal", "triangular_solve", traits=ELEMENTWISE)  # costed as elementwise work
+          "tridiagonal", "triangular_solve", "ormqr", traits=ELEMENTWISE)  # costed as elementwise work
 def _linalg(ctx: RuleContext, **_: Any) -> FactorRule:
     """Batched matrix decompositions and solves: batch dims shared, matrix dims whole (XLA
     partitions only the batch dims, e.g. not the independent columns of a triangular solve)."""

@@ -20,6 +20,9 @@ def_elementwise(
     "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz",
     # complex parts, PRNG hashing
     "real", "imag", "conj", "complex", "threefry2x32", "random_fold_in",
+    "mulhi",
+    # a placement hint: an identity on the values (the plan decides the placement)
+    "reshard",
 )
 # too costly to recompute in every consumer's fusion: stored when read twice
 def_elementwise(
@@ -30,6 +33,14 @@ def_elementwise(
 )
 def_elementwise("convert_element_type", traits=RELABEL)
 def_elementwise("copy", "copy_p", "sharding_constraint", "stop_gradient", "random_clone", traits=DATA_MOVEMENT)
+
+
+@register("shard_alike", traits=DATA_MOVEMENT)
+def _shard_alike(ctx: RuleContext, **_: Any) -> FactorRule:
+    """``shard_alike(x, y)``: two same-shape values the user asks to be sharded alike. Both
+    operands and both results share every dim, so a sharding reaching one reaches the other."""
+    term = letters(ctx.results[0].ndim)
+    return einsum(ctx, f"{term},{term}->{term},{term}")
 
 
 @register("bitcast_convert_type", traits=DATA_MOVEMENT)

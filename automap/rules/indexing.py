@@ -73,7 +73,8 @@ def _scatter_rule(ctx: RuleContext, dn: Any, combine: bool) -> FactorRule:
     return einsum(ctx, ",".join(terms) + "->" + ",".join(''.join(pterm) for _ in ctx.results), blocked=blocked)
 
 
-@register("scatter-mul", "scatter-min", "scatter-max", "scatter_mul", "scatter_min", "scatter_max", traits=SCATTER)
+@register("scatter-sub", "scatter-mul", "scatter-min", "scatter-max", "scatter_sub", "scatter_mul", "scatter_min", "scatter_max",
+          traits=SCATTER)
 @register("scatter-add", "scatter_add", traits=dataclasses.replace(SCATTER, emit="pin"))  # embedding gradients
 def _scatter_combine(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
     return _scatter_rule(ctx, dimension_numbers, combine=True)

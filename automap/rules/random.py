@@ -44,3 +44,22 @@ def _random_split(ctx: RuleContext, **_: Any) -> FactorRule:
 def _random_seed(ctx: RuleContext, **_: Any) -> FactorRule:
     term = letters(ctx.results[0].ndim)
     return einsum(ctx, f"{term}->{term}")
+
+
+@register("random_gamma", traits=Traits(output_elements, "kernel", "kernel"))  # a rejection loop per element
+def _random_gamma(ctx: RuleContext, **_: Any) -> FactorRule:
+    """``random_gamma(keys, alpha)``: the keys' dims lead alpha's and draw independently (shared,
+    parallel); alpha's trailing dims get keys split from one key by count, so they stay whole
+    (a shard would split into other keys and draw other numbers)."""
+    key, alpha = ctx.operands
+    term = letters(key.ndim)
+    rest = "." * (alpha.ndim - key.ndim)
+    return einsum(ctx, f"{term},{term}{rest}->{term}{rest}")
+
+
+@register("rng_bit_generator", traits=Traits(output_elements, "loop", "kernel"))
+def _rng_bit_generator(ctx: RuleContext, **_: Any) -> FactorRule:
+    """XLA's stateful generator: one state makes the whole block of bits, so the state and both
+    results stay whole (a shard of the bits would come from another stream)."""
+    key, (new_key, bits) = ctx.operands[0], ctx.results
+    return einsum(ctx, "." * key.ndim + "->" + "." * new_key.ndim + "," + "." * bits.ndim)

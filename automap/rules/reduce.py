@@ -83,11 +83,12 @@ def _reduce_window(ctx: RuleContext, *, window_dimensions: Sequence[int], window
     return einsum(ctx, ",".join(ins) + "->" + ",".join(term for _ in ctx.results))
 
 
-@register("select_and_scatter_add", "select_and_gather_add", traits=ELEMENTWISE)  # costed as elementwise work
+@register("select_and_scatter_add", "select_and_gather_add", "select_and_scatter", traits=ELEMENTWISE)  # costed as elementwise work
 def _select_and_window(ctx: RuleContext, *, window_dimensions: Sequence[int], window_strides: Sequence[int],
                        padding: Sequence[Any], base_dilation: Sequence[int] | None = None,
                        window_dilation: Sequence[int] | None = None, **_: Any) -> FactorRule:
-    """The gradients of max pooling: the pooled and the input shapes share the unwindowed dims."""
+    """The gradients of max pooling (and the generic ``select_and_scatter``, whose scalar init
+    value comes last): the pooled and the input shapes share the unwindowed dims."""
     rank = ctx.results[0].ndim
     term = _window_term(rank, _windowed(window_dimensions, window_strides, padding, base_dilation, window_dilation))
     ins = [term if s.ndim == rank else "." * s.ndim for s in ctx.operands]

@@ -73,6 +73,7 @@ class RuleContext:
     operands: tuple[Shaped, ...]
     results: tuple[Shaped, ...]
     source: str = ""
+    value: str = ""  # the name of the op's first result, for messages
 
 
 Rule = Callable[..., FactorRule]  # rule(ctx: RuleContext, **params) -> FactorRule
@@ -111,24 +112,50 @@ def has_rule(primitive: Any) -> bool:
     return _name(primitive) in RULES
 
 
-def rule_for(ctx: RuleContext, params: Mapping[str, Any], *, strict: bool) -> tuple[FactorRule, bool]:
-    """The op's factor rule and whether it is a real rule (False: the replicate-around default)."""
+def rule_for(ctx: RuleContext, params: Mapping[str, Any], *, strict: bool,
+             primitive: Any = None) -> tuple[FactorRule, bool]:
+    """The op's factor rule and whether it is a real rule (False: the replicate-around default).
+
+    A primitive without a hand-written rule gets one derived from XLA
+    (:func:`automap.rules.derive.derive_rule`) when ``primitive`` (the ``Primitive`` object,
+    needed to bind it) is given; only where that fails is it an error (``strict``) or
+    replicated around with a :class:`MissingRuleWarning` naming the primitive, the source line
+    and why no rule could be derived.
+    """
     rule = RULES.get(ctx.primitive)
-    if rule is None:
-        where = f"primitive '{ctx.primitive}' (at {ctx.source or '?'})"
-        if strict:
-            raise MissingRuleError(
-                f"automap has no factor rule for {where}. "
-                "Register one with automap.rules.register, or pass strict=False to replicate around it."
-            )
-        warnings.warn(
-            f"automap has no factor rule for {where}: its operands and results stay replicated. "
-            "Register one with automap.rules.register.",
-            MissingRuleWarning,
-            stacklevel=2,
+    if rule is not None:
+        return rule(ctx, **params), True
+    why = ""
+    if primitive is not None:
+        from automap.rules.derive import derive_rule
+
+        derived = derive_rule(primitive, ctx, params)
+        if derived.rule is not None:
+            return derived.rule, True
+        why = f" No rule could be derived from XLA: {derived.reason}."
+    value = f"value '{ctx.value}', " if ctx.value else ""
+    where = f"primitive '{ctx.primitive}' ({value}at {ctx.source or '?'}, operands {_shapes(ctx.operands)})"
+    if strict:
+        raise MissingRuleError(
+            f"automap has no factor rule for {where}.{why} "
+            "Register one with automap.rules.register, or pass strict=False to replicate around it."
         )
-        return replicated(ctx), False
-    return rule(ctx, **params), True
+    warnings.warn(
+        f"automap has no factor rule for {where}: its operands and results stay replicated.{why} "
+        "Register one with automap.rules.register.",
+        MissingRuleWarning,
+        stacklevel=2,
+    )
+    return replicated(ctx), False
+
+
+def is_derived(primitive: str) -> bool:
+    """Whether ops of ``primitive`` get a rule derived from XLA (no hand-written rule)."""
+    return primitive not in RULES
+
+
+def _shapes(values: Sequence[Shaped]) -> str:
+    return ", ".join(f"{getattr(s.dtype, 'name', s.dtype)}{list(s.shape)}" for s in values) or "none"
 
 
 # ---------------------------------------------------------------------------------------------

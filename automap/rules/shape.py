@@ -156,7 +156,55 @@ def _split(ctx: RuleContext, *, axis: int, **_: Any) -> FactorRule:
 
 
 @register("iota", traits=RELABEL)
-@register("empty2", traits=ELEMENTWISE)  # uninitialised residuals (e.g. of a cond under grad)
+@register("empty", "empty2", traits=ELEMENTWISE)  # uninitialised residuals (e.g. of a cond under grad)
 def _iota(ctx: RuleContext, **_: Any) -> FactorRule:
     """No operands: each result dim is its own parallel factor (computed where it lives)."""
     return einsum(ctx, "->" + letters(ctx.results[0].ndim))
+
+
+@register("stack", traits=ASSEMBLY)
+def _stack(ctx: RuleContext, *, axis: int, **_: Any) -> FactorRule:
+    """``jnp.stack``: n same-shape operands -> a new dim ``axis`` of size n. The operands share
+    every dim with the result; the new dim says which operand an element came from, so (like a
+    concatenated dim) it stays whole."""
+    rank = ctx.results[0].ndim
+    axis %= rank
+    term = letters(rank - 1)
+    out = term[:axis] + "." + term[axis:]
+    return einsum(ctx, ",".join(term for _ in ctx.operands) + f"->{out}")
+
+
+@register("unstack", traits=DATA_MOVEMENT)
+def _unstack(ctx: RuleContext, *, axis: int, **_: Any) -> FactorRule:
+    """The inverse of ``stack``: dim ``axis`` disappears (whole), the others are shared."""
+    rank = ctx.operands[0].ndim
+    axis %= rank
+    term = letters(rank - 1)
+    return einsum(ctx, f"{term[:axis]}.{term[axis:]}->" + ",".join(term for _ in ctx.results))
+
+
+@register("tile", traits=ASSEMBLY)
+def _tile(ctx: RuleContext, *, reps: Sequence[int], **_: Any) -> FactorRule:
+    """``jnp.tile``: result dim ``d`` is ``reps[d] * n`` read as digits ``(rep, n)``: ``n`` is
+    the operand's dim (shared), ``rep`` a factor of the result only (each device writes its own
+    copies of the whole operand dim). Leading reps beyond the operand's rank are new dims."""
+    (x,), (y,) = ctx.operands, ctx.results
+    lead = y.ndim - x.ndim
+    factors: list[Factor] = []
+
+    def factor(size: int) -> tuple[int, ...]:
+        if size == 1:
+            return ()
+        factors.append(Factor(size))
+        return (len(factors) - 1,)
+
+    reps = tuple(reps)
+    reps = (1,) * (y.ndim - len(reps)) + reps
+    xdims: list[tuple[int, ...]] = []
+    ydims: list[tuple[int, ...]] = [factor(y.shape[d]) for d in range(lead)]
+    for i, n in enumerate(x.shape):
+        rep = factor(reps[lead + i])
+        shared = factor(n)
+        xdims.append(shared)
+        ydims.append(rep + shared)
+    return FactorRule(tuple(factors), (tuple(xdims),), (tuple(ydims),))

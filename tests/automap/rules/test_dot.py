@@ -1,5 +1,7 @@
 """dot_general and conv: batch / free / contracting factors; a sharded contraction is a partial sum."""
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
@@ -30,6 +32,16 @@ def spd_cholesky(a):
 def tri_solve(a, b):
     return lax.linalg.triangular_solve(jnp.tril(a) + 4 * jnp.eye(4), b, left_side=True, lower=True)
 
+
+G = np.array([3, 5, 6, 2], np.int32)  # group sizes of 16 rows in 4 experts
+
+
+def ragged(x, w):
+    return lax.ragged_dot(x, w, G)
+
+
+def ragged_weight_grad(x, w):
+    return jax.grad(lambda w: (ragged(x, w) ** 2).sum())(w)
 
 ROWS = [
     # name, fn, args, input specs, output spec, collective kinds
@@ -89,6 +101,20 @@ ROWS = [
     row("conv_grouped_whole", grouped, [(8, 6, 6, 8), (3, 3, 2, 16)],
         {"x": P("data"), "k": P(None, None, None, "model")},
         P(), {"all-gather"}, inner={"conv_general_dilated": P()}),
+    # ragged_dot (mixture of experts): rows in groups are blocked, n parallel, k and experts reductions
+    row("ragged_dot_n", ragged, [(16, 8), (4, 8, 32)], {"w": P(None, None, "model")}, P(None, "model"), set()),
+    row("ragged_dot_k", ragged, [(16, 8), (4, 8, 32)], {"x": P(None, "model"), "w": P(None, "model")}, P(),
+        {"all-reduce"}),
+    # (XLA also shards the constant group sizes like the experts and gathers them back: 16 bytes)
+    row("ragged_dot_experts", ragged, [(16, 8), (4, 8, 32)], {"w": P("model")}, P(), {"all-reduce", "all-gather"},
+        model={"all-reduce"}),
+    row("ragged_dot_rows_blocked", ragged, [(16, 8), (4, 8, 32)], {"x": P("data")}, P(), {"all-gather"}),
+    # the weight gradient: the ragged contracting dim and the experts dim of the result stay whole
+    row("ragged_dot_weight_grad", ragged_weight_grad, [(16, 8), (4, 8, 32)], {"w": P(None, None, "model")},
+        P(None, None, "model"), set()),
+    # block-scaled dots: a dot_general whose scales follow their operands' free dims
+    row("scaled_dot_rows", lambda a, b: lax.scaled_dot(a, b.T), [(16, 32), (64, 32)], {"a": P("data")},
+        P("data"), set()),
 ]
 
 

@@ -3,12 +3,15 @@ scalar operands and rank-equal size-1 dims take no factor."""
 import jax.numpy as jnp
 import pytest
 from jax import lax
+from jax.experimental.layout import Layout, with_layout_constraint
+from jax.experimental.shard_alike import shard_alike
 from jax.sharding import PartitionSpec as P
 
 from harness import MESH_8, check, ints, row
 
 S = (16, 32)
 DM = P("data", "model")
+
 
 ROWS = [
     # name, fn, args, input specs, output spec, collective kinds
@@ -54,6 +57,11 @@ ROWS = [
     # two inputs disagree on which dim an axis shards: the earlier decision (x) wins
     row("conflict_moves_axis", lax.add, [S, S], {"x": P("data"), "y": P(None, "data")}, P("data"),
         {"all-to-all"}),
+    # placement hints and the integer high multiply: elementwise
+    row("shard_alike", lambda x, y: shard_alike(x * 2, y), [S, S], {"x": DM}, (DM, DM), set()),
+    # XLA's partitioner gathers the operand of a layout constraint: the rule keeps it whole
+    row("layout_constraint", lambda x: with_layout_constraint(x * 2, Layout((0, 1))), [S], {"x": DM}, P(),
+        {"all-gather"}, inner={"mul": DM}),
 ]
 
 

@@ -72,6 +72,9 @@ ROWS = [
         [(16, 32), (4, 32), ints((), 12)], {"u": P(None, "model")}, P(None, "model"), set()),
     row("dus_sliced_dim", lambda x, u, i: lax.dynamic_update_slice(x, u, (i,)), [(32,), (8,), ints((), 24)],
         {"x": P("x")}, P(), {"all-gather"}, mesh=MESH_8),
+    # scatter-sub: like scatter-add
+    row("scatter_sub_columns", lambda x, u: x.at[jnp.array([1, 5, 9])].subtract(u), [(16, 32), (3, 32)],
+        {"x": P(None, "model"), "u": P(None, "model")}, P(None, "model"), set()),
 ]
 
 

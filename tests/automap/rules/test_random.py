@@ -39,6 +39,13 @@ def key_data_out(x):
     return x * (data[:, :1] % 7).astype(x.dtype)
 
 
+KEY4 = np.array([1, 2, 3, 4], np.uint32)
+
+
+def per_row_gamma(x):
+    keys = jax.random.split(jax.random.key(1), x.shape[0])
+    return x * jax.vmap(jax.random.gamma)(keys, jnp.full(x.shape, 2.0))
+
 ROWS = [
     # name, fn, args, input specs, output spec, collective kinds
     row("dropout_mask", dropout, [S], {"x": DM}, DM, set(),
@@ -52,6 +59,15 @@ ROWS = [
         inner={"random_wrap": P("data"), "random_bits": P("data")}),
     row("key_data_unwrap", key_data_out, [S], {"x": P("data")}, P("data"), set(),
         inner={"random_split": P("data"), "random_unwrap": P("data")}),
+    # random_gamma: per-key draws are parallel in the keys' dims; one key's draws stay whole
+    # (the rejection sampler's while loop all-reduces its 1-byte "any row still drawing?" flag)
+    row("gamma_per_row_keys", per_row_gamma, [S], {"x": P("data")}, P("data"), {"all-reduce"},
+        inner={"random_gamma": P("data")}, model=set()),
+    row("gamma_one_key", lambda x: x * jax.random.gamma(jax.random.key(0), jnp.ones(x.shape)), [S], {"x": DM},
+        DM, {"all-reduce"}, inner={"broadcast_in_dim": P()}, model=set()),
+    # rng_bit_generator: one state makes all the bits, which stay whole (sliced by their user)
+    row("rng_bit_generator", lambda x: x + jax.lax.rng_bit_generator(KEY4, x.shape)[1].astype(x.dtype), [S],
+        {"x": DM}, DM, set(), inner={"rng_bit_generator": P()}),
 ]
 
 

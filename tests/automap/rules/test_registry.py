@@ -1,5 +1,7 @@
 """The rule table: the einsum builder, the family helpers, the replicate-around default and the
 strict-mode error for a primitive without a rule."""
+import warnings
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -12,6 +14,7 @@ from automap.rules import (
     RULES, MissingRuleError, MissingRuleWarning, RuleContext, Shaped, covered, def_blocked_along, def_elementwise,
     def_reduce, einsum, has_rule, register,
 )
+from automap.rules import derive
 from automap.rules.registry import rule_for
 from harness import check, row
 
@@ -21,6 +24,15 @@ double_p.def_impl(lambda x: x * 2)
 double_p.def_abstract_eval(lambda x: x)
 mlir.register_lowering(double_p, mlir.lower_fun(lambda x: x * 2, multiple_results=False))
 NAME = double_p.name
+
+# a primitive XLA cannot compile (no lowering): no rule can be derived for it
+opaque_p = Primitive("automap_test_opaque")
+opaque_p.def_abstract_eval(lambda x: x)
+OPAQUE = opaque_p.name
+
+
+def opaque_plus(x, y):
+    return opaque_p.bind(x) + y
 
 
 def double_plus(x, y):
@@ -134,16 +146,29 @@ def test_covered(primitive):
 # a primitive without a rule: an error in strict mode, replicated around (with a warning) otherwise
 
 
-def test_strict_error_names_primitive_and_line():
-    closed = jax.make_jaxpr(double_plus)(jnp.ones((16, 32)), jnp.ones((16, 32)))
-    with pytest.raises(MissingRuleError, match=rf"'{NAME}' \(at .*test_registry\.py:\d+"):
+def test_strict_error_names_primitive_value_line_and_why():
+    closed = jax.make_jaxpr(opaque_plus)(jnp.ones((16, 32)), jnp.ones((16, 32)))
+    with pytest.raises(MissingRuleError, match=rf"'{OPAQUE}' \(value '{OPAQUE}', at .*test_registry\.py:\d+.*, "
+                       r"operands float32\[16, 32\]\)\. No rule could be derived from XLA: XLA cannot compile it"):
         automap.lower(closed, ["x", "y"], ["out"], strict=True)
 
 
 def test_strict_error_from_partition():
-    step = automap.partition(double_plus, mesh=automap.make_mesh({"x": 8}), strict=True)
-    with pytest.raises(MissingRuleError, match=NAME):
+    step = automap.partition(opaque_plus, mesh=automap.make_mesh({"x": 8}), strict=True)
+    with pytest.raises(MissingRuleError, match=OPAQUE):
         step.plan(jnp.ones((16, 32)), jnp.ones((16, 32)))
+
+
+def test_unregistered_primitive_gets_a_derived_rule():
+    """No hand-written rule, but XLA partitions its lowering (x * 2) elementwise: a derived rule,
+    no warning, and the strict mode is satisfied."""
+    closed = jax.make_jaxpr(double_plus)(jnp.ones((16, 32)), jnp.ones((16, 32)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MissingRuleWarning)
+        program = automap.lower(closed, ["x", "y"], ["out"], strict=True)
+    (op,) = [op for op in program.all_ops if op.primitive == NAME]
+    assert op.has_rule and kinds(op.rule) == "pp"
+    assert op.rule.operands == (((0,), (1,)),) and op.rule.results == (((0,), (1,)),)
 
 
 def test_default_rule_is_replicated_with_warning():
@@ -163,18 +188,27 @@ REPLICATED_ROW = row(
     "unregistered_replicated", double_plus, [(16, 32), (16, 32)], {"x": DM, "y": DM}, DM, set(),
     inner={NAME: DM}, strict=False, model={"all-gather"},
 )
+DERIVED_ROW = row("derived_elementwise", double_plus, [(16, 32), (16, 32)], {"x": DM, "y": DM}, DM, set(),
+                  inner={NAME: DM})
 REGISTERED_ROW = row(
     "registered_elementwise", double_plus, [(16, 32), (16, 32)], {"x": DM, "y": DM}, DM, set(), inner={NAME: DM},
 )
 
 
 @pytest.mark.parametrize("r", [REPLICATED_ROW])
-def test_unregistered_primitive(r):
+def test_unregistered_underivable_primitive(r, monkeypatch):
+    """Where no rule can be derived (here: derivation switched off), the op is replicated around."""
+    monkeypatch.setattr(derive, "derive_rule", lambda *a: derive.Derivation(None, "switched off in this test"))
     with pytest.warns(MissingRuleWarning, match=NAME):
         res = check(r)
     (op,) = [op for op in res.plan.program.all_ops if op.primitive == NAME]
     assert not op.has_rule
     assert {(s.kind, s.value, s.axes) for s in res.plan.reshards} == {("all-gather", op.inputs[0], ("data", "model"))}
+
+
+@pytest.mark.parametrize("r", [DERIVED_ROW])
+def test_derived_primitive(r):
+    check(r)
 
 
 @pytest.mark.parametrize("r", [REGISTERED_ROW])

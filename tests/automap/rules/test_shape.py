@@ -106,6 +106,22 @@ ROWS = [
         (P(None, "model"), P(None, "model")), set()),
     row("split_sharded_dim", lambda x: tuple(jnp.split(x, 2)), [(32,)], {"x": P("x")}, (P(), P()),
         {"all-gather", "collective-permute"}, mesh=MESH_8, model={"all-gather"}),
+    # stack (jnp.stack, rotary embeddings): operands share every dim, the new dim stays whole
+    row("stack_minor", lambda x, y: jnp.stack([x, y], axis=-1), [S, S], {"x": DM, "y": DM},
+        P("data", "model", None), set(), inner={"stack": P("data", "model", None)}),
+    row("stack_major", lambda x, y: jnp.stack([x, y]), [S, S], {"x": P("data")}, P(None, "data"), set()),
+    row("stack_into_sharded_user", lambda x, y, z: jnp.stack([x, y], axis=1) * z, [(16,), (16,), (16, 2)],
+        {"z": P("data")}, P("data"), set(), inner={"stack": P("data")}),
+    # unstack: the unstacked dim disappears, the others are shared
+    row("unstack", lambda x: tuple(lax.unstack(x, axis=1)), [(16, 2, 32)], {"x": P("data", None, "model")},
+        (DM, DM), set()),
+    # tile: an unrepeated dim is shared; a repeated one is (rep, n): the copies split, each whole
+    row("tile_unrepeated_dim", lambda x: jnp.tile(x, (2, 1)), [S], {"x": P(None, "model")}, P(None, "model"),
+        set()),
+    row("tile_copies_split", lambda x, y: jnp.tile(x, (4, 1)) + y, [(16, 32), (64, 32)], {"y": P("model")},
+        P("model"), set(), inner={"tile": P("model")}),
+    row("tile_rows_and_copies", lambda x, y: jnp.tile(x, (4, 1)) + y, [(16, 32), (64, 32)],
+        {"x": P("data"), "y": P(("model", "data"))}, P(("model", "data")), set(), inner={"tile": P(("model", "data"))}),
 ]
 
 

@@ -87,7 +87,9 @@ def test_every_contraction_is_a_pinned_kernel_with_its_own_flops():
     for p, t in contractions.items():
         assert t.flops not in generic, p
         assert (t.fusion, t.memory, t.emit) == ("kernel", "kernel", "pin"), p
-    assert [p for p, t in contractions.items() if t.matmul] == ["dot_general"]  # conv: no matmul for tactics
+    # conv: no matmul for the tactics; the dot-like contractions are
+    assert {p for p, t in contractions.items() if t.matmul} == {"dot_general", "ragged_dot_general", "scaled_dot",
+                                                                 "scaled_matmul_wrapper"}
 
 
 @pytest.mark.parametrize("field, value", [("fusion", "fused"), ("memory", "kernels"), ("emit", "pinned")])
@@ -167,3 +169,22 @@ def test_a_new_contraction_is_one_entry(tables):
     got, ref = toy(params, x), jax.jit(_mlp_step(jnp.dot))(params, x)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6 * float(np.abs(b).max()))
+
+
+def test_ragged_dot_flops_count_each_row_against_one_group():
+    import jax
+    import jax.numpy as jnp
+
+    from automap.ir.lower import lower
+    from automap.cost.flops import op_flops
+
+    m, k, n, g = 12, 8, 4, 3
+    sizes = jnp.array([4, 4, 4], jnp.int32)
+
+    def f(x, w):
+        return jax.lax.ragged_dot(x, w, sizes).sum()
+
+    grad = jax.make_jaxpr(jax.value_and_grad(f, argnums=(0, 1)))(jnp.ones((m, k)), jnp.ones((g, k, n)))
+    prog = lower(grad, ["x", "w"], ["loss", "dx", "dw"])
+    flops = sorted(op_flops(prog, op) for op in prog.all_ops if op.primitive == "ragged_dot_general")
+    assert flops == [2 * m * k * n] * 3  # forward, input gradient, weight gradient
