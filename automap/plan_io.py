@@ -41,6 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
+from automap.atomic import write_file
 from automap.ir.program import Program
 from automap.shardings import ShardingState, Spec
 
@@ -161,10 +162,9 @@ def to_json(plan: Any) -> dict:
 
 
 def save(plan: Any, path: str | os.PathLike) -> None:
-    """Write ``plan`` to ``path`` as JSON (see :meth:`automap.Plan.save`)."""
-    with open(path, "w") as f:
-        json.dump(to_json(plan), f, indent=1)
-        f.write("\n")
+    """Write ``plan`` to ``path`` as JSON (see :meth:`automap.Plan.save`); an existing file is
+    replaced atomically (a crash leaves the old or the new file, :mod:`automap.atomic`)."""
+    write_file(path, json.dumps(to_json(plan), indent=1) + "\n")
 
 
 # ------------------------------------------------------------------------------ reading
