@@ -264,15 +264,19 @@ DELETE = object()
 def test_a_malformed_field_is_named(saved, tmp_path, edit, fragments):
     from automap.plan_schema import PlanFileError
 
-    path, _ = saved
-    data = json.load(open(path))
-    edit(data)
-    bad = tmp_path / "edited.json"
-    bad.write_text(json.dumps(data))
+    bad = _edited(saved, tmp_path, edit)
     with raises(PlanFileError, str(bad), *fragments, "replan"):
         automap.Plan.load(bad, MESH)
     with raises(PlanMismatchError, str(bad)):  # a subclass: one except clause catches every plan-file problem
         automap.automap(step, mesh=MESH, plan=str(bad))
+
+
+def _edited(saved, tmp_path, edit):
+    data = json.load(open(saved[0]))
+    edit(data)
+    bad = tmp_path / "edited.json"
+    bad.write_text(json.dumps(data))
+    return bad
 
 
 def _first_sharded(data):
@@ -288,11 +292,7 @@ def _first_sharded(data):
 def test_ids_and_specs_that_do_not_fit_the_program(saved, tmp_path, edit, fragments):
     from automap.plan_schema import PlanFileError
 
-    path, _ = saved
-    data = json.load(open(path))
-    edit(data)
-    bad = tmp_path / "edited.json"
-    bad.write_text(json.dumps(data))
+    bad = _edited(saved, tmp_path, edit)
     stored = automap.Plan.load(bad, MESH)  # the structure is fine
     with raises(PlanFileError, str(bad), *fragments):
         stored.build(step, (PARAMS, BATCH))
