@@ -43,9 +43,19 @@ from automap.trace import path_str
 __all__ = ["restore", "save", "target_for"]
 
 
-def _checkpointer() -> Any:
-    import orbax.checkpoint as ocp
+def _orbax() -> Any:
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError as e:
+        raise ImportError(
+            f"automap.checkpoint needs orbax-checkpoint ({e}): install it with pip install 'automap[checkpoint]' "
+            "(or pip install orbax-checkpoint)"
+        ) from None
+    return ocp
 
+
+def _checkpointer() -> Any:
+    ocp = _orbax()
     return ocp.Checkpointer(ocp.StandardCheckpointHandler())  # synchronous: returns when written
 
 
@@ -152,7 +162,7 @@ def save(path: str | os.PathLike, state: Any, plan: Any = None, *, arg: int | st
         state = tree_util.tree_unflatten(tree, placed)
         mesh = {str(a): int(n) for a, n in plan.mesh.shape.items()}
         meta = {"automap": {"fingerprint": plan.fingerprint, "mesh": mesh}}
-    import orbax.checkpoint as ocp
+    ocp = _orbax()
 
     path = os.path.abspath(path)
     if os.path.exists(path) and not force:
@@ -181,7 +191,7 @@ def restore(path: str | os.PathLike, target: Any, *, arg: int | str | None = Non
     >>> restore(path, {"w": sharding})["w"].sharding == sharding
     True
     """
-    import orbax.checkpoint as ocp
+    ocp = _orbax()
 
     path = readable_directory(path)
     ckptr = _checkpointer()

@@ -2,6 +2,7 @@
 killed at any moment leaves the old or the new one, readable and whole (automap.atomic)."""
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -132,3 +133,18 @@ def test_plan_save_replaces_the_file_whole(tmp_path, monkeypatch):
     monkeypatch.undo()
     plan.save(path)
     assert automap.Plan.load(path, MESH2, jnp.tanh, (jnp.ones((8, 4)),)).in_shardings[0] == plan.in_shardings[0]
+
+
+def test_without_orbax_the_error_names_the_extra(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_orbax(name, *args, **kwargs):
+        if name.startswith("orbax"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_orbax)
+    with pytest.raises(ImportError, match=re.escape("pip install 'automap[checkpoint]'")):
+        checkpoint.save(str(tmp_path / "ckpt"), {"w": np.zeros(4, np.float32)})
