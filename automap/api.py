@@ -12,7 +12,9 @@ from jax.sharding import Mesh, NamedSharding
 
 from automap import _compat, emit
 from automap.ir.program import Program
+from automap.call_args import ArgumentBinder
 from automap.nnx_args import GraphArgs
+from automap.options import check_argnums, check_argnums_in_range, check_memory_budget, check_pins, tactic_list
 from automap.propagate import Reshard, reshards
 from automap.report import format_report
 from automap.shardings import ShardingState, Spec
@@ -208,6 +210,7 @@ class Partitioned:
         topology: Any = None,
         donate_argnums: Sequence[int] = (),
         static_argnums: Sequence[int] = (),
+        static_argnames: str | Sequence[str] | None = None,
         strict: bool = False,
         pins: emit.PinPolicy = "anchors",
         plan: Plan | Any | str | os.PathLike | None = None,
@@ -231,23 +234,20 @@ class Partitioned:
             )
         self.fn = fn
         self.mesh = mesh
-        self.tactics = tuple(tactics) if tactics is not None else None
-        for t in self.tactics or ():
-            if not callable(t):
-                raise TypeError(
-                    f"tactics must be tactic objects, got {t!r}: use e.g. tactics.data_parallel({t!r}) or "
-                    "tactics.manual({regex: PartitionSpec})"
-                )
+        self.tactics = tactic_list(tactics, mesh)
         if not (search is None or search == "auto" or callable(getattr(search, "search", None))):
             raise TypeError(
                 f"search must be a searcher (search.MCTS(), search.Greedy(), search.ILP()), 'auto' or None, "
                 f"got {search!r}"
             )
+        check_memory_budget(memory_budget)
+        check_pins(pins)
         self.search = search
         self.memory_budget = memory_budget
         self.topology = topology
-        self.donate_argnums = tuple(donate_argnums)
-        self.static_argnums = tuple(static_argnums)
+        self.donate_argnums = check_argnums("donate_argnums", donate_argnums)
+        self._binder = ArgumentBinder(fn, check_argnums("static_argnums", static_argnums), static_argnames)
+        self.static_argnums = self._binder.static_argnums  # static_argnames joined by position
         self.strict = strict
         self.pins = pins
         self._fixed_plan = plan
@@ -257,12 +257,9 @@ class Partitioned:
 
     # -- planning ------------------------------------------------------------------------------
     def _signature(self, args: Sequence[Any]) -> Any:
+        check_argnums_in_range("static_argnums", self.static_argnums, len(args))
+        check_argnums_in_range("donate_argnums", self.donate_argnums, len(args))
         for i in self.static_argnums:
-            if not 0 <= i < len(args):
-                raise ValueError(
-                    f"static_argnums={self.static_argnums} names argument {i}, but {len(args)} arguments were "
-                    "given; static_argnums count positional arguments from 0"
-                )
             try:
                 hash(args[i])
             except TypeError:
@@ -276,13 +273,13 @@ class Partitioned:
         avals = tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
         return static, tree, avals
 
-    def plan(self, *args: Any) -> Plan:
+    def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """Plan for these arguments (arrays or ``jax.ShapeDtypeStruct``); runs nothing.
 
         flax nnx objects among the arguments are planned as their state (see
         :mod:`automap.nnx_args` for the paths they get).
         """
-        return self._prepare(args)[2]
+        return self._prepare(self._binder.bind(args, kwargs))[2]
 
     def _prepare(self, args: Sequence[Any]) -> tuple[GraphArgs | None, tuple[Any, ...], Plan]:
         """(the split nnx objects or None, the pure arguments, their plan)."""
@@ -317,20 +314,15 @@ class Partitioned:
             )
         return self._compiled[id(plan)]
 
-    def lower(self, *args: Any) -> Any:
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The ``jax.stages.Lowered`` of exactly what ``__call__`` runs."""
-        _, pure, plan = self._prepare(args)
+        _, pure, plan = self._prepare(self._binder.bind(args, kwargs))
         leaves = plan.check_args(pure, self.static_argnums)
         abstract = [abstractify(x) for x in leaves]
         return self._jitted(plan).lower(*abstract)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs:
-            raise TypeError(
-                f"{getattr(self.fn, '__name__', 'the function')} got keyword arguments {sorted(kwargs)}: an automap'd "
-                "function takes its arguments by position; pass them positionally"
-            )
-        graph, pure, plan = self._prepare(args)
+        graph, pure, plan = self._prepare(self._binder.bind(args, kwargs))  # keywords bound to positions
         leaves = plan.check_args(pure, self.static_argnums)
         shardings = emit.shardings(plan.state, self.mesh, plan.program.inputs)
         placed = [_place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]
@@ -360,7 +352,9 @@ def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
     under ``memory_budget``, which defaults to the topology's device memory; with tactics, a
     search fills the mesh axes they leave unused; ``None``: no search, and without tactics the
     batch is sharded over every mesh axis that divides it), ``memory_budget``, ``topology``,
-    ``donate_argnums``, ``static_argnums``, ``strict`` (error on primitives without a rule),
+    ``donate_argnums``, ``static_argnums``, ``static_argnames`` (as ``jax.jit``; keyword arguments
+    of a call are bound to positions, see :mod:`automap.call_args`), ``strict`` (error on primitives
+    without a rule),
     ``pins`` (which intermediates get sharding constraints), ``plan`` (a fixed Plan, or a plan
     file's path / :meth:`Plan.load` result: no tactics or search run, the stored specs are used
     after checking the function's fingerprint and the mesh).

@@ -1,6 +1,9 @@
 """Megatron-LM sharding benchmark: expert plans and automap's search on GPT-2 shaped models.
 
     python -m automap bench megatron [--quick] [--out DIR] [--episodes N] [--topologies h100-8,h100-2x8]
+
+Results go to ``--out`` (default: a new folder ``bench_results/megatron-<date>-<time>``; the
+committed ``docs/megatron_results.*`` are regenerated with ``--out docs``).
     python benchmarks/megatron.py ...            (the same)
 
 Models follow the GPT-2 / Megatron-LM scaling table (vocab 50304, seq 1024, global batch 32,
@@ -359,11 +362,30 @@ def plots(rows: list[dict], out: str, prefix: str = "megatron") -> list[str]:
     return files
 
 
+def fresh_folder(parent: str = "bench_results") -> str:
+    """A folder under ``parent`` that does not exist yet, named by the time (the default ``--out``:
+    a run never overwrites earlier results, nor the committed ``docs/``).
+
+    >>> import os, tempfile
+    >>> parent = tempfile.mkdtemp()
+    >>> a = fresh_folder(parent); os.makedirs(a); b = fresh_folder(parent)
+    >>> a != b and os.path.basename(a).startswith("megatron-") and not os.path.exists(b)
+    True
+    """
+    base = os.path.join(parent, time.strftime("megatron-%Y%m%d-%H%M%S"))
+    path, k = base, 1
+    while os.path.exists(path):
+        path, k = f"{base}-{k}", k + 1
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m automap bench megatron", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny (compiled) + gpt2-s, meshes 8x1 and 2x4, h100-8")
-    parser.add_argument("--out", default="docs", help="folder for megatron_results.md/.csv and the PNGs")
+    parser.add_argument("--out", default=None,
+                        help="folder for megatron_results.md/.csv and the PNGs (default: a new folder "
+                             "bench_results/megatron-<date>-<time>; the committed figures are made with --out docs)")
     parser.add_argument("--episodes", type=int, default=None, help="MCTS episodes (default 48, quick 16)")
     parser.add_argument("--topologies", default=None, help="comma separated, e.g. h100-8,h100-2x8")
     parser.add_argument("--configs", default=None, help=f"comma separated subset of {','.join(CONFIGS)}")
@@ -378,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                topologies=split(args.topologies), configs=split(args.configs), meshes=split(args.meshes),
                ilp_evaluations=args.ilp_evaluations, ilp_time_limit_s=args.ilp_time_limit)
     elapsed = time.perf_counter() - t0
+    args.out = args.out or fresh_folder()
     os.makedirs(args.out, exist_ok=True)
     table = markdown(rows)
     text = summary(rows)

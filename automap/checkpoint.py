@@ -36,15 +36,26 @@ import jax
 from jax import tree_util
 
 from automap.api import Plan
+from automap.atomic import readable_directory, replace_directory, staging_directory
 from automap.nnx_args import GraphArgs
 from automap.trace import path_str
 
 __all__ = ["restore", "save", "target_for"]
 
 
-def _checkpointer() -> Any:
-    import orbax.checkpoint as ocp
+def _orbax() -> Any:
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError as e:
+        raise ImportError(
+            f"automap.checkpoint needs orbax-checkpoint ({e}): install it with pip install 'automap[checkpoint]' "
+            "(or pip install orbax-checkpoint)"
+        ) from None
+    return ocp
 
+
+def _checkpointer() -> Any:
+    ocp = _orbax()
     return ocp.Checkpointer(ocp.StandardCheckpointHandler())  # synchronous: returns when written
 
 
@@ -134,7 +145,9 @@ def save(path: str | os.PathLike, state: Any, plan: Any = None, *, arg: int | st
 
     With ``plan``, ``state`` must be (by its leaf paths) an argument of the plan, or a dict of
     arguments by name: arrays not yet placed are put on the plan's shardings first, and the plan's
-    fingerprint and mesh are recorded in the checkpoint's metadata. ``force`` overwrites.
+    fingerprint and mesh are recorded in the checkpoint's metadata. ``force`` replaces an existing
+    checkpoint atomically: the new one is written beside it and swapped in when complete, so a
+    process killed at any moment leaves the old or the new checkpoint (:mod:`automap.atomic`).
 
     >>> import os, tempfile, jax.numpy as jnp
     >>> save(os.path.join(tempfile.mkdtemp(), "ckpt"), {"w": jnp.ones(4)})
@@ -149,9 +162,19 @@ def save(path: str | os.PathLike, state: Any, plan: Any = None, *, arg: int | st
         state = tree_util.tree_unflatten(tree, placed)
         mesh = {str(a): int(n) for a, n in plan.mesh.shape.items()}
         meta = {"automap": {"fingerprint": plan.fingerprint, "mesh": mesh}}
-    import orbax.checkpoint as ocp
+    ocp = _orbax()
 
-    _checkpointer().save(os.path.abspath(path), args=ocp.args.StandardSave(state), force=force, custom_metadata=meta)
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not force:
+        raise FileExistsError(f"checkpoint {path} exists already: pass force=True to replace it (the old one "
+                              "stays readable until the new one is complete), or save to another path")
+    primary = ocp.multihost.is_primary_host(0)
+    new = staging_directory(path) if primary else path + ".new"
+    ocp.multihost.sync_global_processes("automap_checkpoint_staging")
+    _checkpointer().save(new, args=ocp.args.StandardSave(state), custom_metadata=meta)
+    if primary:  # written completely: swap it in (a crash leaves the old or the new checkpoint)
+        replace_directory(new, path)
+    ocp.multihost.sync_global_processes("automap_checkpoint_replaced")
 
 
 def restore(path: str | os.PathLike, target: Any, *, arg: int | str | None = None) -> Any:
@@ -168,9 +191,9 @@ def restore(path: str | os.PathLike, target: Any, *, arg: int | str | None = Non
     >>> restore(path, {"w": sharding})["w"].sharding == sharding
     True
     """
-    import orbax.checkpoint as ocp
+    ocp = _orbax()
 
-    path = os.path.abspath(path)
+    path = readable_directory(path)
     ckptr = _checkpointer()
     stored_tree = ckptr.metadata(path).item_metadata
     stored_tree = getattr(stored_tree, "tree", stored_tree)

@@ -181,7 +181,12 @@ def measure(compiled: Any) -> Measurement:
     else:
         raise TypeError(f"measure() takes a jax.stages.Compiled or HLO text, not "
                         f"{type(compiled).__name__}")
-    return _measure_module(hlo.parse_module(text), memory)
+    module = hlo.parse_module(text)
+    if not module.computations:
+        start = text.strip()[:60]
+        raise ValueError(f"measure() was given text that is not HLO (no computation found; it starts with {start!r}): "
+                         "pass a jax.stages.Compiled, or its HLO text, compiled.as_text()")
+    return _measure_module(module, memory)
 
 
 def _memory(compiled: Any) -> MemoryStat | None:

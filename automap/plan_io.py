@@ -41,6 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
+from automap.atomic import write_file
 from automap.ir.program import Program
 from automap.shardings import ShardingState, Spec
 
@@ -161,10 +162,9 @@ def to_json(plan: Any) -> dict:
 
 
 def save(plan: Any, path: str | os.PathLike) -> None:
-    """Write ``plan`` to ``path`` as JSON (see :meth:`automap.Plan.save`)."""
-    with open(path, "w") as f:
-        json.dump(to_json(plan), f, indent=1)
-        f.write("\n")
+    """Write ``plan`` to ``path`` as JSON (see :meth:`automap.Plan.save`); an existing file is
+    replaced atomically (a crash leaves the old or the new file, :mod:`automap.atomic`)."""
+    write_file(path, json.dumps(to_json(plan), indent=1) + "\n")
 
 
 # ------------------------------------------------------------------------------ reading
@@ -188,19 +188,23 @@ class StoredPlan:
     @staticmethod
     def load(path: str | os.PathLike, mesh: Mesh) -> "StoredPlan":
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 data = json.load(f)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise PlanMismatchError(
                 f"{path} is not a plan file (invalid JSON: {e}); write one with plan.save(path)") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise PlanMismatchError(
                 f"{path} is not an automap plan file (no \"format\": \"{FORMAT}\"); write one with plan.save(path)")
-        if data.get("version") != VERSION:
+        version = data.get("version")
+        if version != VERSION or isinstance(version, bool):
             raise PlanMismatchError(
-                f"{path} is plan format version {data.get('version')}, this automap reads version {VERSION}; "
+                f"{path} is plan format version {version!r}, this automap reads version {VERSION}; "
                 "replan with this version (leave out plan=) and save again"
             )
+        from automap.plan_schema import check
+
+        check(data, str(path))
         stored = StoredPlan(data, mesh, str(path))
         stored.check_mesh(mesh)
         return stored
@@ -270,6 +274,9 @@ class StoredPlan:
 
         traced, program = trace_and_lower(fn, args, static_argnums=static_argnums, strict=strict)
         self.check_program(program)
+        from automap.plan_schema import check_program_ids
+
+        check_program_ids(self.data, self.source, program)
         axes = _mesh_axes(self.mesh)
         d = self.data
         state = ShardingState(

@@ -119,7 +119,12 @@ def make_plan(
         if vid not in inputs and state.spec(vid) != want:
             specs[vid] = want
     state = state.replace(specs=specs)
-    return Plan(
+    plan = Plan(
         mesh, traced, program, state, emit.pinned_values(state, pins), tuple(out_specs), notes,
         result.reasons, topology, donated,
     )
+    if memory_budget is not None and search is None:  # a search checks its own plans against the budget
+        from search.planning import check_budget
+
+        check_budget(state, plan.estimate.peak_memory_bytes, memory_budget)
+    return plan

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+import math
+import numbers
+from typing import Any, Mapping, Protocol
 
 from automap.shardings import ShardingState
 from search.space import Move, Score, SearchSpace
@@ -43,3 +45,35 @@ def better(a: Score, b: Score | None) -> bool:
     if b is None:
         return True
     return (a.feasible, a.reward) > (b.feasible, b.reward)
+
+
+def check_fields(searcher: Any, at_least: Mapping[str, float], optional: tuple[str, ...] = (),
+                 flags: tuple[str, ...] = ()) -> None:
+    """Raise naming the field if a searcher's number is not a number, below its bound or (for ints
+    bounds) not whole; ``optional`` fields may be None; ``flags`` must be bools.
+
+    >>> import search
+    >>> search.MCTS(episodes=-5)
+    Traceback (most recent call last):
+    ...
+    ValueError: MCTS(episodes=-5): episodes must be an integer >= 1; ...
+    """
+    cls = type(searcher).__name__
+
+    def fail(field: str, value: Any, want: str) -> ValueError:
+        return ValueError(f"{cls}({field}={value!r}): {field} must be {want}; pass e.g. "
+                          f"{cls}({field}={getattr(type(searcher), field, None)!r}) (the default)")
+
+    for field, low in at_least.items():
+        value = getattr(searcher, field)
+        if value is None and field in optional:
+            continue
+        whole = isinstance(low, int)
+        want = f"{'an integer' if whole else 'a number'} >= {low}" + (" or None" if field in optional else "")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or (whole and not isinstance(value, numbers.Integral)):
+            raise TypeError(str(fail(field, value, want)))
+        if math.isnan(value) or value < low:
+            raise fail(field, value, want)
+    for field in flags:
+        if not isinstance(getattr(searcher, field), bool):
+            raise TypeError(str(fail(field, getattr(searcher, field), "True or False")))

@@ -6,7 +6,7 @@ import time
 from typing import Callable
 
 from automap.shardings import ShardingError, ShardingState
-from search.base import SearchResult, SearchStats, better
+from search.base import SearchResult, SearchStats, better, check_fields
 from search.space import GroupAction, Move, Score, SearchSpace
 
 
@@ -103,6 +103,9 @@ class Greedy:
 
     max_steps: int = 32
     name: str = "greedy"
+
+    def __post_init__(self) -> None:
+        check_fields(self, {"max_steps": 0})
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()

@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from automap.shardings import ShardingError, ShardingState
-from search.base import SearchResult, SearchStats
+from search.base import SearchResult, SearchStats, check_fields
 from search.ceiling import Ceiling
 from search.greedy import replay
 from search.space import GroupAction, Move, Score, SearchSpace
@@ -153,6 +153,9 @@ class ILP:
     time_limit_s: float = 30.0  # for all the solves together: then the best plan found stands
     ceiling: Ceiling | None = None  # bytes sent and memory a plan may not exceed (as MCTS holds to)
     name: str = "ilp"
+
+    def __post_init__(self) -> None:
+        check_fields(self, {"max_evaluations": 1, "max_rounds": 1, "time_limit_s": 0.0})
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from automap.shardings import ShardingState
-from search.base import SearchResult, SearchStats, better
+from search.base import SearchResult, SearchStats, better, check_fields
 from search.ceiling import Ceiling, backed_up, ranked
 from search.greedy import best_preemption, best_step, sweep
 from search.progress import Progress
@@ -142,6 +142,14 @@ class MCTS:
     preempt: bool = False  # polishing may also decide one group before the plan's actions (costly: replays)
     progress: bool | None = None  # None: a tqdm bar on a terminal once the search has run progress.BAR_DELAY_S
     name: str = "mcts"
+
+    def __post_init__(self) -> None:
+        check_fields(self, {"episodes": 1, "seed": 0, "time_budget_s": 0.0, "exploration": 0.0, "rollout_depth": 0,
+                            "polish_steps": 0, "refine_work": 0, "sweeps": 0, "tie_tolerance": 0.0},
+                     optional=("time_budget_s",), flags=("seed_tactics", "expert_ceiling", "preempt"))
+        for field in ("select_fn", "rollout_fn"):
+            if not callable(getattr(self, field)):
+                raise TypeError(f"MCTS({field}={getattr(self, field)!r}): {field} must be a function")
 
     def _polish(self, space: SearchSpace, plan: tuple, better, curve: list) -> tuple:
         """Hill-climb from ``plan`` (state, score, actions): one move at a time."""

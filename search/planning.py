@@ -20,6 +20,24 @@ def budget_bytes(memory_budget: int | str | None, topology: Topology) -> int:
     return parse_bytes(memory_budget)
 
 
+def _largest_inputs(state: ShardingState) -> str:
+    top = sorted(state.program.inputs, key=lambda v: -state.bytes_per_device(v))[:5]
+    return ", ".join(f"{state.program.values[v].name} ({human_bytes(state.bytes_per_device(v))})" for v in top)
+
+
+def check_budget(state: ShardingState, peak_bytes: int, memory_budget: int | str) -> None:
+    """Raise :class:`MemoryBudgetError` if a plan made without a search (tactics only, or
+    ``search=None``) needs more than the user's ``memory_budget`` per device."""
+    budget = parse_bytes(memory_budget)
+    if peak_bytes > budget:
+        raise MemoryBudgetError(
+            f"the plan needs an estimated {human_bytes(peak_bytes)} per device, over memory_budget="
+            f"{memory_budget!r} ({human_bytes(budget)}); no search ran (search=None, or the tactics used every mesh "
+            f"axis). Largest inputs per device: {_largest_inputs(state)}. Raise memory_budget, add tactics (fsdp, "
+            "megatron) that shard these values, or let a search fill the plan (search='auto' with fewer tactics)"
+        )
+
+
 def run_search(
     searcher: Any, state: ShardingState, *, topology: Topology | None, memory_budget: int | str | None,
     donated: Any = (), data_inputs: Any = (), context: Any = None,
@@ -34,14 +52,11 @@ def run_search(
     result = searcher.search(space)
     if not result.score.feasible:
         best = min(space._scores.values(), key=lambda s: s.peak_bytes)
-        best_state = next(st for st in [result.state] if st is not None)
-        top = sorted(state.program.inputs, key=lambda v: -best_state.bytes_per_device(v))[:5]
-        names = ", ".join(f"{state.program.values[v].name} ({human_bytes(best_state.bytes_per_device(v))})" for v in top)
         raise MemoryBudgetError(
             f"no plan found within the memory budget of {human_bytes(budget)} per device: the smallest "
             f"per-device peak explored was {human_bytes(best.peak_bytes)} ({result.stats.states_evaluated} "
-            f"plans evaluated). Largest inputs per device in the best plan: {names}. Raise memory_budget, "
-            "use a larger mesh, or add tactics (fsdp, megatron) that shard these values"
+            f"plans evaluated). Largest inputs per device in the best plan: {_largest_inputs(result.state)}. Raise "
+            "memory_budget, use a larger mesh, or add tactics (fsdp, megatron) that shard these values"
         )
     notes = (
         f"search {result.searcher}: {result.stats.episodes} episodes, {result.stats.states_evaluated} plans "

@@ -82,7 +82,13 @@ def manual(rules: Rules) -> Manual:
     """
     items = tuple(rules.items()) if isinstance(rules, Mapping) else tuple(rules)
     for pattern, pspec in items:
-        re.compile(pattern)
+        if not isinstance(pattern, str):
+            raise TypeError(f"manual rule {pattern!r}: the key must be a regex string matching input paths")
+        try:
+            re.compile(pattern)
+        except re.error as e:  # still a re.error, now naming the rule
+            raise re.error(f"manual rule {pattern!r} is not a valid regex: {e.msg} (at position {e.pos}); escape "
+                           "special characters (re.escape, or a backslash as in r'layers\\[0\\]')", pattern) from None
         if not isinstance(pspec, PartitionSpec):
             raise TypeError(f"manual rule {pattern!r}: expected a jax.sharding.PartitionSpec, got {pspec!r}")
     return Manual(items)

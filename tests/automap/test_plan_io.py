@@ -214,3 +214,113 @@ def test_other_format_version(saved, tmp_path):
     newer.write_text(json.dumps(data))
     with raises(PlanMismatchError, "version 99", "reads version 1", "replan"):
         automap.Plan.load(newer, MESH)
+
+
+# ---------------------------------------------------------------------------- the schema
+
+def _set(*keys_and_value):
+    *keys, value = keys_and_value
+
+    def edit(data):
+        target = data
+        for k in keys[:-1]:
+            target = target[k]
+        if value is DELETE:
+            del target[keys[-1]]
+        else:
+            target[keys[-1]] = value
+    return edit
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (_set("fingerprint", DELETE), ["field 'fingerprint' is missing"]),
+    (_set("fingerprint", 5), ["field 'fingerprint'", "must be a string", "int 5"]),
+    (_set("fingerprint", "md5:0"), ["field 'fingerprint'", "'sha256:'"]),
+    (_set("mesh", DELETE), ["field 'mesh' is missing"]),
+    (_set("mesh", [2, 4]), ["field 'mesh'", "axis_names and axis_sizes"]),
+    (_set("mesh", "axis_sizes", [2]), ["field 'mesh.axis_sizes'", "must have 2 entries"]),
+    (_set("mesh", "axis_sizes", 0, "2"), ["field 'mesh.axis_sizes[0]'", "integer >= 1", "'2'"]),
+    (_set("mesh", "axis_names", ["data", "data"]), ["field 'mesh.axis_names'", "names an axis twice"]),
+    (_set("inputs", {}), ["field 'inputs'", "must be a list", "dict"]),
+    (_set("inputs", 0, "spec", DELETE), ["field 'inputs[0].spec' is missing"]),
+    (_set("inputs", 0, "spec", [["modle"], []]), ["field 'inputs[0].spec[0]'", "mesh axis 'modle'",
+                                                  "['data', 'model']"]),
+    (_set("inputs", 0, "spec", [[]]), ["field 'inputs[0].spec'", "must have 2 entries"]),
+    (_set("inputs", 0, "shape", [16, -1]), ["field 'inputs[0].shape[1]'", "integer >= 0"]),
+    (_set("outputs", 0, "dtype", None), ["field 'outputs[0].dtype'", "must be a string"]),
+    (_set("outputs", 0, "value", "7"), ["field 'outputs[0].value'", "integer"]),
+    (_set("values", 0, [3]), ["field 'values[0]'", "must have 2 entries"]),
+    (_set("values", 0, 1, [["model", "model"], []]), ["field 'values[0][1][0]'", "'model' a second time"]),
+    (_set("values", 0, 1, [["nope"], []]), ["field 'values[0][1][0]'", "'nope'"]),
+    (_set("priority", 0, [1, "a", 2]), ["field 'priority[0][1]'", "integer"]),
+    (_set("labels", []), ["field 'labels'", "must map priorities"]),
+    (_set("next_priority", -1), ["field 'next_priority'", "integer >= 0", "-1"]),
+    (_set("pins", "all"), ["field 'pins'", "must be a list"]),
+    (_set("notes", [1]), ["field 'notes[0]'", "must be a string"]),
+])
+def test_a_malformed_field_is_named(saved, tmp_path, edit, fragments):
+    from automap.plan_schema import PlanFileError
+
+    bad = _edited(saved, tmp_path, edit)
+    with raises(PlanFileError, str(bad), *fragments, "replan"):
+        automap.Plan.load(bad, MESH)
+    with raises(PlanMismatchError, str(bad)):  # a subclass: one except clause catches every plan-file problem
+        automap.automap(step, mesh=MESH, plan=str(bad))
+
+
+def _edited(saved, tmp_path, edit):
+    data = json.load(open(saved[0]))
+    edit(data)
+    bad = tmp_path / "edited.json"
+    bad.write_text(json.dumps(data))
+    return bad
+
+
+def _first_sharded(data):
+    return next(i for i, (_, spec) in enumerate(data["values"]) if any(spec))
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (lambda d: d["values"].__setitem__(0, [10 ** 6, d["values"][0][1]]), ["field 'values[0][1]'", "value 1000000"]),
+    (lambda d: d["values"][_first_sharded(d)][1].append([]), ["field 'values[", "entries for value", "of rank"]),
+    (lambda d: d["priority"].__setitem__(0, [d["priority"][0][0], 7, 0]), ["field 'priority[0][1]'", "dim 7"]),
+    (lambda d: d["pins"].append(10 ** 6), ["field 'pins[", "value 1000000"]),
+])
+def test_ids_and_specs_that_do_not_fit_the_program(saved, tmp_path, edit, fragments):
+    from automap.plan_schema import PlanFileError
+
+    bad = _edited(saved, tmp_path, edit)
+    stored = automap.Plan.load(bad, MESH)  # the structure is fine
+    with raises(PlanFileError, str(bad), *fragments):
+        stored.build(step, (PARAMS, BATCH))
+
+
+def test_a_spec_the_mesh_does_not_divide(tmp_path):
+    from automap.plan_schema import PlanFileError
+
+    path = tmp_path / "plan.json"
+    double = lambda x: x * 2  # noqa: E731
+    automap.partition(double, mesh=MESH, search=None).plan(np.ones((6, 4), np.float32)).save(path)
+    data = json.load(open(path))
+    data["inputs"][0]["spec"] = [["data", "model"], []]
+    path.write_text(json.dumps(data))
+    with raises(PlanFileError, str(path), "field 'inputs[0].spec[0]'", "dim 0 of size 6", "8 devices", "does not divide"):
+        automap.automap(double, mesh=MESH, plan=str(path)).plan(np.ones((6, 4), np.float32))
+
+
+def test_not_an_object_or_a_string_version(saved, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with raises(PlanMismatchError, str(bad), "not an automap plan file"):
+        automap.Plan.load(bad, MESH)
+    data = json.load(open(saved[0]))
+    data["version"] = "1"
+    bad.write_text(json.dumps(data))
+    with raises(PlanMismatchError, str(bad), "version '1'", "reads version 1"):
+        automap.Plan.load(bad, MESH)
+    bad.write_bytes(b"\xff\xfe{")
+    with raises(PlanMismatchError, str(bad), "not a plan file"):
+        automap.Plan.load(bad, MESH)

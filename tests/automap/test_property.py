@@ -1,26 +1,33 @@
 """Property: random small programs over covered primitives, under random partial plans, compile and
 give the unsharded program's outputs (fp32 rtol 1e-5; atol 1e-5 times the largest |output|).
 
-A program is a :class:`Recipe`: inputs (float32 arrays whose dims are 1, 2, 4 or 8, and int32
-indices) and 2-6 ops, each reading earlier values: contractions (``einsum`` with a random
+A program is a :class:`Recipe`: inputs (float32 arrays whose dims are 1, 2, 3, 4, 6 or 8, and
+int32 indices) and 2-6 ops, each reading earlier values: contractions (``einsum`` with a random
 layout of batch, contracting and free dims, against a new weight or an earlier value),
 elementwise unary/binary (with broadcasting), broadcast, reshape (split/merge), transpose,
 reduce sum/max, concatenate, slice (strided too), ``where``, cumsum/cummax, sort,
-``dynamic_slice`` at a traced index, ``take`` (gather), and ``scan`` over the leading dim. A
-plan is a random set of divisible ``PartitionSpec``\\ s for some inputs (``tactics.manual``),
-sometimes with ``data_parallel``/``megatron`` after it, or the default plan, on a
-``{"a": 2, "b": 4}`` or ``{"a": 8}`` mesh, with a random pin policy.
+``dynamic_slice`` at a traced index, ``take`` and ``x[idx]`` (gather), ``x.at[idx].add`` (scatter),
+``scan`` over the leading dim, ``cond`` on a traced predicate, a ``while_loop``, the gradient of a
+contraction (``jax.grad``), and round trips through bfloat16 and int8. A plan is a random set of
+divisible ``PartitionSpec``\\ s for some inputs (``tactics.manual``), sometimes with
+``data_parallel``/``megatron`` after it, or the default plan, on a ``{"a": 2, "b": 4}`` or
+``{"a": 8}`` mesh, with a random pin policy. About one program in eight is compiled with XLA's
+optimisation passes (the others without, which is much faster and partitions the same).
 
-Hypothesis runs derandomized (the same programs in every CI run); every test asserts how many
-programs it checked (also recorded as the ``programs`` property of the test).
+The number of programs is a hypothesis profile, chosen with the environment variable
+``HYPOTHESIS_PROFILE``: ``ci`` (the default: 150 per mesh, derandomized, the same programs in every
+run) or ``nightly`` (10x as many, new ones every run; a failure prints the blob to reproduce it).
+Every test asserts how many programs it checked (also recorded as the ``programs`` property).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
+import os
 import string
 import warnings
+import zlib
 from typing import Any
 
 import jax
@@ -36,7 +43,7 @@ import automap
 import tactics
 
 RTOL, ATOL = 1e-5, 1e-5
-DIMS = (1, 2, 4, 8)
+DIMS = (1, 2, 3, 4, 6, 8)  # 3 and 6: dims that not every mesh axis divides
 MAX_ELEMS = 512  # per value: keeps every program tiny
 MAX_RANK = 4
 MESHES = {"2x4": (("a", 2), ("b", 4)), "8": (("a", 8),)}
@@ -47,7 +54,15 @@ FAST = {
     "xla_llvm_disable_expensive_passes": True,
     "xla_cpu_use_fusion_emitters": False,
 }
-EXAMPLES = 150  # per mesh: 300 programs in all
+EXAMPLES = 150  # per mesh in the ci profile: 300 programs in all
+settings.register_profile(
+    "ci", max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=True,
+    suppress_health_check=list(HealthCheck),
+)
+settings.register_profile("nightly", settings.get_profile("ci"), max_examples=10 * EXAMPLES, derandomize=False)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+if PROFILE not in ("ci", "nightly"):
+    raise ValueError(f"HYPOTHESIS_PROFILE={PROFILE!r}: test_property.py knows the profiles 'ci' and 'nightly'")
 
 
 @functools.cache
@@ -154,6 +169,29 @@ def _apply(op: tuple[Any, ...], v: list[Any]) -> Any:
 
         carry, ys = lax.scan(body, jnp.zeros(v[src].shape[1:], v[src].dtype), v[src])
         return ys + carry  # both results used
+    if kind == "scatter":  # x.at[idx].add(rows): duplicate indices accumulate
+        _, src, idx = op
+        return v[src].at[v[idx]].add(jnp.tanh(v[src][v[idx]]) + 1.0)
+    if kind == "cond":
+        _, src = op
+        return lax.cond(v[src].sum() > 0, lambda x: jnp.tanh(x) * 2.0, lambda x: x - 1.0, v[src])
+    if kind == "while":  # a loop whose trip count is data-dependent in form (a traced counter)
+        _, src, w = op
+
+        def body(c):
+            i, x = c
+            return i + 1, jnp.tanh(x * v[w]) + x
+
+        return lax.while_loop(lambda c: c[0] < 3, body, (jnp.int32(0), v[src]))[1]
+    if kind == "grad":  # d/dx sum(tanh(x @ w)): dot_general and its transposes
+        _, src, w = op
+        return jax.grad(lambda x: jnp.tanh(jnp.einsum("...i,ij->...j", x, v[w], precision=lax.Precision.HIGHEST)).sum())(
+            v[src])
+    if kind == "bf16":  # elementwise in bfloat16, back to float32
+        return jnp.tanh(v[op[1]].astype(jnp.bfloat16) * 2).astype(jnp.float32)
+    if kind == "int8":  # quantise to int8, integer arithmetic, dequantise (exact)
+        q = jnp.clip(jnp.round(v[op[1]] * 16), -127, 127).astype(jnp.int8)
+        return (q.astype(jnp.int32) * 3 - 1).astype(jnp.float32) / 16
     raise AssertionError(kind)
 
 
@@ -198,6 +236,7 @@ def recipes(draw: Any) -> Recipe:
     kind = st.sampled_from([
         "einsum", "transpose", "binary", "reduce", "split", "merge", "broadcast", "unary", "einsum",
         "concat", "slice", "where", "cumsum", "cummax", "sort", "dynamic_slice", "take", "getitem", "scan",
+        "scatter", "cond", "while", "grad", "bf16", "int8",
     ])
     kinds = [draw(kind) for _ in range(draw(st.integers(2, 6)))]
     sym_ops: list[tuple[str, tuple[Any, ...]]] = []
@@ -341,6 +380,17 @@ def recipes(draw: Any) -> Recipe:
             if r:
                 w = fresh_input(s[1:])
                 emit(("scan", src, w), s)
+        elif kind == "scatter":
+            if r:
+                idx = fresh_input((draw(dim),), high=s[0])
+                emit(("scatter", src, idx), s)
+        elif kind == "cond" or kind in ("bf16", "int8"):
+            emit((kind, src), s)
+        elif kind == "while":
+            emit(("while", src, fresh_input(s[-1:] if r and draw(st.booleans()) else s)), s)
+        elif kind == "grad":
+            if r:
+                emit(("grad", src, fresh_input((s[-1], draw(dim)))), s)
     if not sym_ops:  # every drawn op was rejected: at least one op
         emit(("unary", sym_float[0], "tanh"), sym_shapes[sym_float[0]])
 
@@ -388,6 +438,7 @@ class Case:
     rules: tuple[tuple[str, P], ...]
     extra: str  # "none" | "default" | "dp" | "dp+megatron"
     pins: str
+    optimise: bool = False  # compile with XLA's optimisation passes (both programs)
 
 
 @st.composite
@@ -399,7 +450,9 @@ def cases(draw: Any, mesh_name: str) -> Case:
         if x.shape and draw(st.integers(0, 2)) != 2:  # a spec for about 2 inputs in 3
             rules.append((f"^arg{i}$", draw(specs(x.shape, axes))))
     extra = draw(st.sampled_from(("none", "none", "dp", "dp+megatron") if rules else ("default", "dp", "dp+megatron")))
-    return Case(recipe, mesh_name, tuple(rules), extra, draw(st.sampled_from(("anchors", "all", "none"))))
+    # one program in eight (by its text: hypothesis would shrink a drawn flag to False) is optimised
+    optimise = zlib.crc32(repr(recipe).encode()) % 8 == 0
+    return Case(recipe, mesh_name, tuple(rules), extra, draw(st.sampled_from(("anchors", "all", "none"))), optimise)
 
 
 def schedule(case: Case) -> list[Any] | None:
@@ -421,10 +474,11 @@ def check(case: Case) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plan = step.plan(*args)
-    compiled = step.lower(*args).compile(compiler_options=FAST)
+    options = None if case.optimise else FAST
+    compiled = step.lower(*args).compile(compiler_options=options)
     placed = [jax.device_put(x, s) for x, s in zip(args, jax.tree.leaves(plan.in_shardings), strict=True)]
     got = jax.tree.leaves(compiled(*placed))
-    want = jax.tree.leaves(jax.jit(fn).lower(*args).compile(compiler_options=FAST)(*args))
+    want = jax.tree.leaves(jax.jit(fn).lower(*args).compile(compiler_options=options)(*args))
     out_shardings = jax.tree.leaves(plan.out_shardings)
     assert len(got) == len(want) == len(out_shardings)
     for i, (g, w, s) in enumerate(zip(got, want, out_shardings, strict=True)):
@@ -438,10 +492,7 @@ def check(case: Case) -> None:
 # ---------------------------------------------------------------------------------------------
 # the tests: one per mesh (pytest-xdist runs them side by side)
 
-SETTINGS = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=True,
-    suppress_health_check=list(HealthCheck),
-)
+SETTINGS = settings.get_profile(PROFILE)
 
 
 @pytest.mark.parametrize("mesh_name", sorted(MESHES))
@@ -458,24 +509,31 @@ def test_random_programs_match_unsharded(mesh_name, record_property):
     n = len(checked)
     record_property("programs", n)
     ops = sorted({op[0] for c in checked for op in c.recipe.ops})
-    print(f"property[{mesh_name}]: {n} programs, 0 mismatches; ops {ops}")
-    assert n >= 100, f"property[{mesh_name}]: only {n} programs checked (want {EXAMPLES})"
+    optimised = sum(c.optimise for c in checked)
+    print(f"property[{mesh_name}]: {n} programs ({optimised} optimised by XLA), 0 mismatches; ops {ops}")
+    want = SETTINGS.max_examples
+    assert n >= 2 * want // 3, f"property[{mesh_name}]: only {n} programs checked (want {want}, profile {PROFILE})"
+    assert optimised >= n // 16, f"property[{mesh_name}]: only {optimised} of {n} programs compiled with optimisation"
 
 
 def test_strategy_covers_every_op_kind():
     """The generator reaches every op kind (a cheap check of the strategy itself)."""
     seen: set[str] = set()
+    seen_dims: set[int] = set()
 
     @settings(max_examples=300, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(recipes())
     def prop(recipe: Recipe) -> None:
         seen.update(op[0] for op in recipe.ops)
+        seen_dims.update(d for x in recipe.inputs for d in x.shape)
         jax.eval_shape(build(recipe), *[jax.ShapeDtypeStruct(x.shape, np.int32 if x.high else np.float32) for x in recipe.inputs])
 
     prop()
+    assert seen_dims & {3, 6}, "no dim that is not a power of two"
     want = {"unary", "binary", "broadcast", "split", "merge", "transpose", "reduce", "einsum", "concat",
-            "slice", "where", "cumsum", "cummax", "sort", "dynamic_slice", "take", "getitem", "scan"}
+            "slice", "where", "cumsum", "cummax", "sort", "dynamic_slice", "take", "getitem", "scan",
+            "scatter", "cond", "while", "grad", "bf16", "int8"}
     assert want <= seen, f"never generated: {sorted(want - seen)}"
 
 

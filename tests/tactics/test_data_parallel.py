@@ -67,8 +67,6 @@ ROWS = [
      {"x": P("data")}, ["batch dims batch/x[0]"]),
     ("not-divisible", _batch_first, BATCH_FIRST, {"x": _sds(6, 16), "y": _sds(6, 4)}, {"data": 4},
      {"x": P(), "y": P()}, ["skips batch/x", "not divisible by 4", "no batch dim divisible by the axis; nothing done"]),
-    ("no-such-axis", _batch_first, BATCH_FIRST, {"x": _sds(8, 16), "y": _sds(8, 4)}, {"model": 8},
-     {"x": P(), "y": P()}, ["not a mesh axis ('model',); nothing done"]),
     ("only-a-table", _lookup_table, {"w1": _sds(16, 32)}, {"x": _sds(1, 16), "table": _sds(16, 16)}, {"data": 2},
      {"x": P(), "table": P()}, ["no data input has a batch dim", "nothing done"]),
 ]
