@@ -140,6 +140,8 @@ def follow(
                 for rd, fs in enumerate(vd):
                     if fs and fs[0] == f:
                         stack.append((v, rd))
+                    elif f in fs:  # merged into a dim behind a major factor: a tiling cannot follow
+                        ends.append(FactorEnd("blocked", op))
     return Flow(tuple(ends), frozenset(seen))
 
 
