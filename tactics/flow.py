@@ -12,6 +12,10 @@ from typing import Iterable, Literal
 
 from automap.ir.program import Op, Program
 
+# contractions a weight can take part in: a reduction factor of one of these ends in a contraction
+# (with a weight or an activation), not a reduction; megatron pairs their weights
+CONTRACTIONS = frozenset({"dot_general", "ragged_dot_general"})
+
 EndKind = Literal["contract_weight", "contract_activation", "reduce", "blocked", "mix_weight", "output"]
 
 
@@ -122,8 +126,10 @@ def follow(
                 ends.append(FactorEnd("blocked", op))
                 continue
             if factor.kind == "reduction":
-                if op.primitive == "dot_general":
-                    others = [v for i, v in enumerate(op.linked_inputs) if i != pos]
+                if op.primitive in CONTRACTIONS:
+                    # the operands contracted with this one (a ragged dot's group sizes are not)
+                    others = [v for i, v in enumerate(op.linked_inputs)
+                              if i != pos and any(f in fs for fs in rule.operands[i])]
                     kind: EndKind = "contract_weight" if all(v in weights for v in others) else "contract_activation"
                     ends.append(FactorEnd(kind, op))
                 else:

@@ -19,7 +19,7 @@ from automap.ir.program import Op, Program
 from automap.propagate import apply
 from automap.shardings import Action, ShardingState
 from tactics.base import PlanContext, TacticResult, refusal
-from tactics.flow import consumers, derived, follow
+from tactics.flow import CONTRACTIONS, consumers, derived, follow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,7 @@ def find_candidates(program: Program, state_inputs: tuple[int, ...]) -> tuple[li
                     found.append(Candidate("embedding", op, op.inputs[0], d))
                     used.add(op.inputs[0])
             continue
-        if op.primitive != "dot_general":
+        if op.primitive not in CONTRACTIONS:
             continue
         w_pos = [i for i, v in enumerate(op.inputs) if v in weights]
         if len(w_pos) != 1:

@@ -75,6 +75,10 @@ MODELS = {
 PAIRS = {"nnx_transformer": 2, "linen_resnet": 0, "eqx_transformer": 2, "llama_gqa": 2, "moe_ragged": 1,
          "moe_einsum": 1, "linen_vit": 2}
 
+# models whose step mixes the examples of the batch: the ragged MoE sorts the tokens of the whole
+# batch by expert (one global argsort), so no input dim reaches the loss untouched by the sort
+WHOLE_BATCH = {"moe_ragged"}
+
 
 def _rows(ids):
     return [pytest.param(*i, marks=pytest.mark.xfail(reason=MODELS[i[0]][1], strict=True) if MODELS[i[0]][1] else (),
@@ -138,7 +142,11 @@ def test_tactics_find_the_batch_and_the_megatron_pairs(name):
     w, (state, batch) = _workload(name)
     _, dp, _ = _plan(name, "data_parallel")
     batch_specs = _specs(dp, "batch/")
-    assert batch_specs == {k: ("data",) + (None,) * (len(v) - 1) for k, v in batch_specs.items()}, dp.notes
+    if name in WHOLE_BATCH:  # the program mixes the examples: data_parallel says so and splits nothing
+        assert all(set(s) == {None} for s in batch_specs.values()), batch_specs
+        assert any("no data input has a batch dim" in n for n in dp.notes), dp.notes
+    else:
+        assert batch_specs == {k: ("data",) + (None,) * (len(v) - 1) for k, v in batch_specs.items()}, dp.notes
 
     _, tp, _ = _plan(name, "megatron")
     want, _ = MODELS[name]
