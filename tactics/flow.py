@@ -124,7 +124,9 @@ def follow(
                 continue
             if factor.kind == "reduction":
                 if traits_of(op.primitive).matmul:
-                    others = [v for i, v in enumerate(op.linked_inputs) if i != pos]
+                    # the operands contracted with this one (a ragged dot's group sizes are not)
+                    others = [v for i, v in enumerate(op.linked_inputs)
+                              if i != pos and any(f in fs for fs in rule.operands[i])]
                     kind: EndKind = "contract_weight" if all(v in weights for v in others) else "contract_activation"
                     ends.append(FactorEnd(kind, op))
                 else:
@@ -141,6 +143,8 @@ def follow(
                 for rd, fs in enumerate(vd):
                     if fs and fs[0] == f:
                         stack.append((v, rd))
+                    elif f in fs:  # merged into a dim behind a major factor: a tiling cannot follow
+                        ends.append(FactorEnd("blocked", op))
     return Flow(tuple(ends), frozenset(seen))
 
 

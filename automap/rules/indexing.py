@@ -36,12 +36,16 @@ def _gather(ctx: RuleContext, *, dimension_numbers: Any, slice_sizes: Any, **_: 
         pterm[pd] = iterm[idim]
     window = [d for d in range(operand.ndim) if d not in collapsed and d not in op_batch]
     for pd, odim in zip(window, offset_dims, strict=True):
-        if pd not in indexed and slice_sizes[pd] == operand.shape[pd]:
+        # a whole-dim slice passes the dim through, even when indexed (its start clamps to 0:
+        # ``weight[i]`` under vmap indexes every dim of the table)
+        if slice_sizes[pd] == operand.shape[pd]:
             c = next(pool)
             pterm[pd] = oterm[odim] = c
     for pd in indexed:
-        if pd in collapsed and pterm[pd] == ".":
-            pterm[pd] = next(pool)  # appears in no result: a reduction factor
+        # one row looked up, its dim dropped (collapsed) or kept with size 1: a reduction factor,
+        # in no result
+        if slice_sizes[pd] == 1 and pterm[pd] == ".":
+            pterm[pd] = next(pool)
     return einsum(ctx, f"{''.join(pterm)},{''.join(iterm)}->{''.join(oterm)}")
 
 

@@ -105,13 +105,7 @@ def make_workload(
 
     def init(seed: int = 0):
         state, batch_spec = abstract()
-
-        def param(path, leaf):
-            names = tuple(str(getattr(k, "key", k)) for k in path)
-            entropy = [seed, 0, zlib.crc32("/".join(names).encode())]
-            return np.asarray(fill_param(names, leaf, np.random.default_rng(entropy)), leaf.dtype)
-
-        params = jax.tree_util.tree_map_with_path(param, state["params"])
+        params = host_fill(state["params"], seed, fill_param)
         opt_state = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), state["opt_state"])
         batch = jax.tree.map(lambda b, s: np.asarray(b, s.dtype), make_batch(seed), batch_spec)
         return jax.device_put(({"params": params, "opt_state": opt_state}, batch))
@@ -124,6 +118,36 @@ def make_workload(
         init=init,
         abstract=abstract,
     )
+
+
+def host_fill(
+    tree: PyTree,
+    seed: int,
+    fill_param: Callable[[tuple[str, ...], jax.ShapeDtypeStruct, np.random.Generator], np.ndarray],
+) -> PyTree:
+    """NumPy values for a pytree of `jax.ShapeDtypeStruct`: ``fill_param(names, leaf, rng)`` per leaf.
+
+    ``names`` are the leaf's path entries as strings (dict keys, attribute names, indices); the
+    generator is seeded by ``(seed, path)``, so a leaf's value depends only on those and its shape.
+
+    >>> tree = {"w": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    >>> host_fill(tree, 0, lambda names, leaf, rng: np.full(leaf.shape, len(names)))["w"]
+    array([1., 1.], dtype=float32)
+    """
+
+    def param(path, leaf):
+        names = tuple(_entry_name(k) for k in path)
+        entropy = [seed, 0, zlib.crc32("/".join(names).encode())]
+        return np.asarray(fill_param(names, leaf, np.random.default_rng(entropy)), leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(param, tree)
+
+
+def _entry_name(entry) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
 
 
 # --- GPT helpers shared by the linen and nnx front ends (identical math) -------------------------

@@ -11,6 +11,7 @@ from harness import MESH_8, check, ints, row
 V, D = 32, 16  # vocab, d_model
 TOK = ints((8, 8), V)  # (batch, seq) token ids
 embed = lambda emb, tokens: emb[tokens]  # noqa: E731
+embed_vmapped = lambda emb, tokens: jax.vmap(jax.vmap(lambda t: emb[t]))(tokens)  # noqa: E731
 embed_grad = lambda tokens, g: jnp.zeros((V, D)).at[tokens].add(g)  # noqa: E731
 embed_grad_into = lambda acc, tokens, g: acc.at[tokens].add(g)  # noqa: E731
 xent = lambda logits, labels: jnp.take_along_axis(logits, labels[:, None], axis=1)[:, 0]  # noqa: E731
@@ -32,6 +33,11 @@ ROWS = [
         {"all-reduce"}),
     row("embed_vocab_and_dmodel", embed, [(V, D), TOK], {"emb": P("model", "data")}, P(None, None, "data"),
         {"all-reduce"}),
+    # equinox's Embedding (``weight[i]`` under vmap): every dim of the table is indexed, the row
+    # by a size-1 slice kept in the result, the features by a whole-dim slice
+    row("embed_vmapped_vocab_sharded", embed_vmapped, [(V, D), TOK], {"emb": P("model")}, P(), {"all-reduce"}),
+    row("embed_vmapped_dmodel_sharded", embed_vmapped, [(V, D), TOK], {"emb": P(None, "model")},
+        P(None, None, "model"), set()),
     row("take_rows", lambda x, i: x[i], [(V, D), ints((4,), V)], {"x": P(None, "model")}, P(None, "model"), set()),
     # take_along_axis (cross-entropy labels): gather with batching dims
     row("take_along_batch", xent, [(16, V), ints((16,), V)], {"logits": P("data"), "labels": P("data")},
