@@ -1,5 +1,5 @@
 """Per-primitive factor rules. Importing this package registers every family."""
-from automap.rules import control_flow, dot, elementwise, indexing, random, reduce, shape  # noqa: F401
+from automap.rules import control_flow, dot, elementwise, indexing, random, reduce, shape, user_annotations  # noqa: F401
 from automap.rules.control_flow import STRUCTURAL
 from automap.rules.registry import (
     RULES, Factor, FactorRule, MissingRuleError, MissingRuleWarning, RuleContext, Shaped, def_blocked_along,
