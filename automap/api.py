@@ -169,13 +169,12 @@ class Plan:
 
 def _structure_diff(traced: Traced, dynamic: Sequence[Any]) -> str:
     """Which input paths are missing or unexpected in ``dynamic`` compared with the plan."""
-    from automap.trace import path_str
+    from automap.trace import leaf_paths, path_str
 
     names = traced.arg_names
     if len(dynamic) != len(names):
         return f"the plan takes {len(names)} arguments ({', '.join(names)}), got {len(dynamic)}"
-    leaves, _ = tree_util.tree_flatten_with_path(tuple(dynamic))
-    given = [path_str(names[p[0].idx], p[1:]) for p, _ in leaves]
+    given = [path_str(names[p[0].idx], p[1:]) for p in leaf_paths(tuple(dynamic))]
     missing = [p for p in traced.in_paths if p not in set(given)]
     extra = [p for p in given if p not in set(traced.in_paths)]
     parts = []
@@ -353,7 +352,15 @@ def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
 
     Arguments may be flax nnx objects (``train_step(model, optimizer, batch)`` mutating them as
     under ``nnx.jit``): they are planned as their state, which is written back into them after the
-    call, sharded per plan (see :mod:`automap.nnx_args`).
+    call, sharded per plan (see :mod:`automap.nnx_args`). Any other pytree (``nnx.State``, optax
+    states, dicts, equinox Modules, whose non-array leaves are static) is taken as ``jax.jit``
+    takes it and never written into (see :mod:`automap.arg_styles`).
+
+    ``mesh`` may have Explicit or mixed axis types (``jax.make_mesh``'s default): the function is
+    traced without sharding types and planned and compiled on an ``AxisType.Auto`` view of the same
+    devices and axis names; outputs come back on ``mesh`` itself, sharded as the plan says, and
+    arguments already laid out as planned (on either view) are not moved. ``shard_map`` inside the
+    function keeps its own ``in_specs``/``out_specs``: they are the plan's first decisions.
 
     >>> import jax, jax.numpy as jnp, automap
     >>> mesh = automap.make_mesh({"data": 1})

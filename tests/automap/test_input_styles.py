@@ -92,6 +92,13 @@ def shard_map_step(p, x):
     return jnp.mean((h @ p["w2"]) ** 2)
 
 
+def experimental_shard_map_step(p, x):  # the older entry point (deprecated, the same primitive)
+    from jax.experimental.shard_map import shard_map
+
+    h = shard_map(lambda xb: jnp.tanh(xb @ p["w1"]), mesh=MESH, in_specs=P("data", None), out_specs=P("data", None))(x)
+    return jnp.mean((h @ p["w2"]) ** 2)
+
+
 @custom_partitioning
 def _matmul(a, b):
     return a @ b
@@ -134,6 +141,7 @@ CASES = {
     "nnx_state_optax": (nnx_state_step, _nnx_state_args, MESH),
     "equinox": (eqx_step, lambda: (_eqx_model(), _x()), MESH),
     "shard_map": (shard_map_step, lambda: (_params(), _x()), MESH),
+    "experimental_shard_map": (experimental_shard_map_step, lambda: (_params(), _x()), MESH),
     "custom_partitioning": (custom_partitioning_step, lambda: (_params(), _x()), MESH),
     "shard_alike": (shard_alike_step, lambda: (_params(), _x()), MESH),
 }
@@ -178,7 +186,7 @@ def test_nnx_state_arguments_are_plain_pytrees():
     """nnx.State and optax states are returned, not written into; paths name the State's keys."""
     params, opt_state, x = _nnx_state_args()
     plan = automap.partition(nnx_state_step, mesh=MESH, search=None).plan(params, opt_state, x)
-    assert "params/l1/kernel/value" in plan.traced.in_paths
+    assert "params/l1/kernel" in plan.traced.in_paths and "opt_state/0/mu/l1/kernel" in plan.traced.in_paths
     assert plan.traced.out_tree == jax.tree_util.tree_structure(jax.eval_shape(nnx_state_step, params, opt_state, x))
 
 
