@@ -115,3 +115,14 @@ def shard_map_manual_axes(params: dict, mesh: Any) -> frozenset[str]:
     if "axis_names" in params:
         return frozenset(params["axis_names"])
     return frozenset(mesh.axis_names) - frozenset(params.get("auto", ()))
+
+
+def planning_mesh_context(mesh: jax.sharding.Mesh) -> Any:
+    """A context in which automap traces and runs for ``mesh`` (its Auto view): when the caller
+    has set a mesh (``with jax.set_mesh(...)``, possibly with Explicit axes), it is replaced by
+    the Auto view for the duration; otherwise nothing changes."""
+    import contextlib
+
+    if jax.sharding.get_abstract_mesh().empty:
+        return contextlib.nullcontext()
+    return jax.set_mesh(auto_view(mesh))

@@ -275,7 +275,8 @@ class Partitioned:
         flax nnx objects among the arguments are planned as their state, non-array leaves
         (equinox Modules' functions and ints) are static (see :mod:`automap.arg_styles`).
         """
-        return self._prepare(args)[2]
+        with _compat.planning_mesh_context(self.mesh):
+            return self._prepare(args)[2]
 
     def _prepare(self, args: Sequence[Any]) -> tuple[ArgStyles, tuple[Any, ...], Plan, list]:
         """(the split arguments, the pure arguments, their plan, the static part of its outputs)."""
@@ -317,10 +318,10 @@ class Partitioned:
 
     def lower(self, *args: Any) -> Any:
         """The ``jax.stages.Lowered`` of exactly what ``__call__`` runs."""
-        _, pure, plan, _ = self._prepare(args)
-        leaves = plan.check_args(pure, self.static_argnums)
-        abstract = [abstractify(x) for x in leaves]
-        return self._jitted(plan).lower(*abstract)
+        with _compat.planning_mesh_context(self.mesh):
+            _, pure, plan, _ = self._prepare(args)
+            leaves = plan.check_args(pure, self.static_argnums)
+            return self._jitted(plan).lower(*[abstractify(x) for x in leaves])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
@@ -328,11 +329,12 @@ class Partitioned:
                 f"{getattr(self.fn, '__name__', 'the function')} got keyword arguments {sorted(kwargs)}: an automap'd "
                 "function takes its arguments by position; pass them positionally"
             )
-        styles, pure, plan, out_static = self._prepare(args)
-        leaves = plan.check_args(pure, self.static_argnums)
-        shardings = emit.shardings(plan.state, self._emit_mesh, plan.program.inputs)
-        placed = [place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]
-        outs = on_mesh(self._jitted(plan)(*placed), self.mesh)
+        with _compat.planning_mesh_context(self.mesh):  # a caller's jax.set_mesh: its Auto view
+            styles, pure, plan, out_static = self._prepare(args)
+            leaves = plan.check_args(pure, self.static_argnums)
+            shardings = emit.shardings(plan.state, self._emit_mesh, plan.program.inputs)
+            placed = [place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]
+            outs = on_mesh(self._jitted(plan)(*placed), self.mesh)
         result = tree_util.tree_unflatten(plan.traced.out_tree, outs)
         return styles.finish(result, out_static[0])  # static outputs put back, nnx objects updated in place
 

@@ -293,3 +293,14 @@ def test_shard_map_on_another_mesh_is_named():
 
     with pytest.raises(ValueError, match=r"shard_map at .* mesh axes \['rows'\].*same mesh"):
         automap.automap(step, mesh=MESH, search=None).plan(_x())
+
+
+def test_under_a_callers_explicit_mesh_context():
+    """``with jax.set_mesh(explicit):`` around the call: traced and run on the Auto view."""
+    with jax.set_mesh(EXPLICIT):
+        want = jax.jit(sgd_step)(_params(), _x())
+        f = automap.automap(sgd_step, mesh=EXPLICIT, search=None)
+        got = f(_params(), _x())
+        again = f(got[0], _x())  # outputs (on the Explicit mesh) fed back in
+    _assert_same(got, want)
+    _assert_same(again, jax.jit(sgd_step)(want[0], _x()))
