@@ -7,17 +7,17 @@ A call's (dynamic) arguments go through two steps before planning, undone after 
    ``nnx.jit`` (see :mod:`automap.nnx_args`). Only they are: an ``nnx.State`` (from
    ``nnx.split``), an optax state, a dict or any other pytree is an ordinary pytree argument, as
    under ``jax.jit``: never mutated, its new value returned by the function as an output.
-2. **Non-array leaves** are static, as under ``eqx.filter_jit``: every leaf of an equinox Module
-   that is not an array (activation functions, Python ints and bools, ...), and anywhere else
-   every leaf that ``jax.jit`` could not take as an array (functions, strings, objects). Python
-   scalars outside equinox Modules stay dynamic, as under ``jax.jit``. Static leaves are part of
-   the plan's cache key (a new value is a new plan) and must be hashable; outputs get the same
-   split, their static leaves put back after the call.
+2. **Equinox Modules' non-array leaves** (activation functions, Python ints and bools, ...) are
+   static, as under ``eqx.filter_jit``. Everywhere else leaves are taken as ``jax.jit`` takes
+   them (Python scalars are dynamic; a string is an error naming its path). Static leaves are
+   part of the plan's cache key (a new value is a new plan) and must be hashable; outputs get the
+   same split, their static leaves put back after the call.
 
->>> import jax, jax.numpy as jnp
->>> styles = ArgStyles.split(({"act": jax.nn.relu, "w": jnp.ones(2)}, jnp.ones(3)), ())
->>> styles.pure_args[0]
-{'act': None, 'w': Array([1., 1.], dtype=float32)}
+>>> import jax, jax.numpy as jnp, equinox as eqx
+>>> mlp = eqx.nn.MLP(2, 2, 4, 1, activation=jax.nn.relu, key=jax.random.PRNGKey(0))
+>>> styles = ArgStyles.split((mlp, jnp.ones(3)), ())
+>>> styles.pure_args[0].activation is None, styles.statics[0].activation is jax.nn.relu
+(True, True)
 """
 from __future__ import annotations
 
@@ -32,9 +32,6 @@ from jax import tree_util
 
 from automap.nnx_args import GraphArgs
 
-_SCALARS = (bool, int, float, complex)
-
-
 def _is_eqx_module(x: Any) -> bool:
     eqx = sys.modules.get("equinox")  # equinox is optional: its modules exist only if it is imported
     return eqx is not None and isinstance(x, eqx.Module)
@@ -48,9 +45,7 @@ def dynamic_mask(tree: Any) -> Any:
     """``tree`` with each leaf replaced by whether it is dynamic (see the module docstring)."""
 
     def mask(sub: Any) -> Any:
-        if _is_eqx_module(sub):
-            return tree_util.tree_map(_is_array, sub)
-        return _is_array(sub) or isinstance(sub, _SCALARS)
+        return tree_util.tree_map(_is_array, sub) if _is_eqx_module(sub) else True
 
     return tree_util.tree_map(mask, tree, is_leaf=_is_eqx_module)
 

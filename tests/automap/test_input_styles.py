@@ -219,9 +219,15 @@ def test_equinox_static_leaves_key_the_plan():
     assert len(f._plans) == 2
 
 
+class _Holder(eqx.Module):
+    opts: object
+    w: jax.Array
+
+
 def test_unhashable_static_leaf_is_named():
-    with pytest.raises(TypeError, match=r"argument leaf 'p\['opts'\]\['a'\]' is _Unhashable .*hashable"):
-        automap.automap(lambda p, x: x * 2, mesh=MESH, search=None)({"opts": {"a": object.__new__(_Unhashable)}}, _x())
+    holder = _Holder(_Unhashable(), jnp.ones(2))
+    with pytest.raises(TypeError, match=r"argument leaf 'p\.opts' is _Unhashable .*hashable"):
+        automap.automap(lambda p, x: x * 2, mesh=MESH, search=None)(holder, _x())
 
 
 class _Unhashable:
