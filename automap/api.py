@@ -12,13 +12,14 @@ from jax.sharding import Mesh, NamedSharding
 
 from automap import _compat, emit
 from automap.ir.program import Program
+from automap.arg_styles import ArgStyles
 from automap.call_args import ArgumentBinder
-from automap.nnx_args import GraphArgs
 from automap.options import check_argnums, check_argnums_in_range, check_memory_budget, check_pins, tactic_list
+from automap.placement import on_mesh, place
 from automap.propagate import Reshard, reshards
 from automap.report import format_report
 from automap.shardings import ShardingState, Spec
-from automap.trace import abstractify, Traced
+from automap.trace import abstractify, arg_names, trace, Traced
 
 
 def make_mesh(axes: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
@@ -147,10 +148,9 @@ class Plan:
             return stored
         if args is None:
             raise TypeError("Plan.load(path, mesh, fn) needs args too: pass args=(example arguments...)")
-        graph = GraphArgs.split(tuple(args), options.get("static_argnums", ()))
-        if graph is not None:  # nnx objects: the plan is of the pure function of their state
-            fn, args = graph.pure_fn(fn), graph.pure_args
-        return stored.build(fn, tuple(args), **options)
+        styles = ArgStyles.split(tuple(args), options.get("static_argnums", ()))
+        # nnx objects and static leaves: the plan is of the pure function of the arrays
+        return stored.build(styles.pure_fn(fn, []), styles.pure_args, **options)
 
     def check_args(self, args: Sequence[Any], static_argnums: Sequence[int] = ()) -> list[Any]:
         """Flatten ``args`` and check them against the plan's structure, shapes and dtypes."""
@@ -179,13 +179,12 @@ class Plan:
 
 def _structure_diff(traced: Traced, dynamic: Sequence[Any]) -> str:
     """Which input paths are missing or unexpected in ``dynamic`` compared with the plan."""
-    from automap.trace import path_str
+    from automap.trace import leaf_paths, path_str
 
     names = traced.arg_names
     if len(dynamic) != len(names):
         return f"the plan takes {len(names)} arguments ({', '.join(names)}), got {len(dynamic)}"
-    leaves, _ = tree_util.tree_flatten_with_path(tuple(dynamic))
-    given = [path_str(names[p[0].idx], p[1:]) for p, _ in leaves]
+    given = [path_str(names[p[0].idx], p[1:]) for p in leaf_paths(tuple(dynamic))]
     missing = [p for p in traced.in_paths if p not in set(given)]
     extra = [p for p in given if p not in set(traced.in_paths)]
     parts = []
@@ -234,6 +233,7 @@ class Partitioned:
             )
         self.fn = fn
         self.mesh = mesh
+        self._emit_mesh = _compat.auto_view(mesh)  # Explicit axes: plan and run on an Auto view
         self.tactics = tactic_list(tactics, mesh)
         if not (search is None or search == "auto" or callable(getattr(search, "search", None))):
             raise TypeError(
@@ -253,6 +253,7 @@ class Partitioned:
         self._fixed_plan = plan
         self._plans: dict[Any, Plan] = {}
         self._compiled: dict[Any, Any] = {}
+        self._out_static: dict[Any, list] = {}  # plan key -> [static part of the outputs]
         functools.update_wrapper(self, fn)
 
     # -- planning ------------------------------------------------------------------------------
@@ -276,23 +277,27 @@ class Partitioned:
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """Plan for these arguments (arrays or ``jax.ShapeDtypeStruct``); runs nothing.
 
-        flax nnx objects among the arguments are planned as their state (see
-        :mod:`automap.nnx_args` for the paths they get).
+        flax nnx objects among the arguments are planned as their state, non-array leaves
+        (equinox Modules' functions and ints) are static (see :mod:`automap.arg_styles`).
         """
-        return self._prepare(self._binder.bind(args, kwargs))[2]
+        with _compat.planning_mesh_context(self.mesh):
+            return self._prepare(self._binder.bind(args, kwargs))[2]
 
-    def _prepare(self, args: Sequence[Any]) -> tuple[GraphArgs | None, tuple[Any, ...], Plan]:
-        """(the split nnx objects or None, the pure arguments, their plan)."""
-        graph = GraphArgs.split(args, self.static_argnums)
-        pure = tuple(args) if graph is None else graph.pure_args
+    def _prepare(self, args: Sequence[Any]) -> tuple[ArgStyles, tuple[Any, ...], Plan, list]:
+        """(the split arguments, the pure arguments, their plan, the static part of its outputs)."""
+        styles = ArgStyles.split(args, self.static_argnums, arg_names(self.fn, len(args), ()))
+        pure = styles.pure_args
+        key = (self._signature(pure), styles.key)
+        out_static = self._out_static.setdefault(key, [])
         if self._fixed_plan is not None:
             self._fixed_plan.check_args(pure, self.static_argnums)
-            return graph, pure, self._fixed_plan
-        key = (self._signature(pure), None if graph is None else graph.key)
+            if not out_static:  # planned elsewhere: trace once for the static part of the outputs
+                trace(styles.pure_fn(self.fn, out_static), pure, static_argnums=self.static_argnums)
+            return styles, pure, self._fixed_plan, out_static
         if key not in self._plans:
             from automap.planner import make_plan
 
-            fn = self.fn if graph is None else graph.pure_fn(self.fn)
+            fn = styles.pure_fn(self.fn, out_static)
             options = dict(static_argnums=self.static_argnums, strict=self.strict, topology=self.topology,
                            donate_argnums=self.donate_argnums)
             if self._stored is not None:  # a plan file: trace, check, set the stored specs
@@ -302,46 +307,36 @@ class Partitioned:
                     fn, pure, self.mesh, tactics=self.tactics, pins=self.pins, search=self.search,
                     memory_budget=self.memory_budget, **options,
                 )
-        return graph, pure, self._plans[key]
+        plan = self._plans[key]
+        return styles, pure, plan, out_static
 
     def _jitted(self, plan: Plan) -> Any:
         if id(plan) not in self._compiled:
             dynamic = [i for i in range(len(plan.traced.arg_names) + len(self.static_argnums)) if i not in set(self.static_argnums)]
             donated_args = {dynamic.index(i) for i in self.donate_argnums if i in dynamic}
             donate = tuple(k for k, a in enumerate(plan.traced.leaf_arg) if a in donated_args)
+            outs = [NamedSharding(self._emit_mesh, s.spec) for s in plan._flat_out_shardings()]
             self._compiled[id(plan)] = emit.compile_plan(
-                plan.state, self.mesh, pins=plan.pins, out_specs=plan._flat_out_shardings(), donate_argnums=donate
+                plan.state, self._emit_mesh, pins=plan.pins, out_specs=outs, donate_argnums=donate
             )
         return self._compiled[id(plan)]
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The ``jax.stages.Lowered`` of exactly what ``__call__`` runs."""
-        _, pure, plan = self._prepare(self._binder.bind(args, kwargs))
-        leaves = plan.check_args(pure, self.static_argnums)
-        abstract = [abstractify(x) for x in leaves]
-        return self._jitted(plan).lower(*abstract)
+        with _compat.planning_mesh_context(self.mesh):
+            _, pure, plan, _ = self._prepare(self._binder.bind(args, kwargs))
+            leaves = plan.check_args(pure, self.static_argnums)
+            return self._jitted(plan).lower(*[abstractify(x) for x in leaves])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        graph, pure, plan = self._prepare(self._binder.bind(args, kwargs))  # keywords bound to positions
-        leaves = plan.check_args(pure, self.static_argnums)
-        shardings = emit.shardings(plan.state, self.mesh, plan.program.inputs)
-        placed = [_place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]
-        outs = self._jitted(plan)(*placed)
+        with _compat.planning_mesh_context(self.mesh):  # a caller's jax.set_mesh: its Auto view
+            styles, pure, plan, out_static = self._prepare(self._binder.bind(args, kwargs))  # keywords bound
+            leaves = plan.check_args(pure, self.static_argnums)
+            shardings = emit.shardings(plan.state, self._emit_mesh, plan.program.inputs)
+            placed = [place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]
+            outs = on_mesh(self._jitted(plan)(*placed), self.mesh)
         result = tree_util.tree_unflatten(plan.traced.out_tree, outs)
-        return result if graph is None else graph.finish(result)  # nnx objects updated in place
-
-
-def _place(x: Any, sharding: NamedSharding, path: str = "") -> Any:
-    if isinstance(x, jax.ShapeDtypeStruct):
-        raise TypeError("cannot run on jax.ShapeDtypeStruct arguments: pass arrays (use .plan() or .lower() to plan only)")
-    if isinstance(x, jax.Array) and x.is_deleted():
-        raise ValueError(
-            f"argument '{path}' was donated to an earlier call (donate_argnums) and its buffer is gone: "
-            "pass the value that call returned"
-        )
-    if isinstance(x, jax.Array) and x.sharding == sharding:
-        return x
-    return jax.device_put(x, sharding)
+        return styles.finish(result, out_static[0])  # static outputs put back, nnx objects updated in place
 
 
 def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
@@ -361,7 +356,15 @@ def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
 
     Arguments may be flax nnx objects (``train_step(model, optimizer, batch)`` mutating them as
     under ``nnx.jit``): they are planned as their state, which is written back into them after the
-    call, sharded per plan (see :mod:`automap.nnx_args`).
+    call, sharded per plan (see :mod:`automap.nnx_args`). Any other pytree (``nnx.State``, optax
+    states, dicts, equinox Modules, whose non-array leaves are static) is taken as ``jax.jit``
+    takes it and never written into (see :mod:`automap.arg_styles`).
+
+    ``mesh`` may have Explicit or mixed axis types (``jax.make_mesh``'s default): the function is
+    traced without sharding types and planned and compiled on an ``AxisType.Auto`` view of the same
+    devices and axis names; outputs come back on ``mesh`` itself, sharded as the plan says, and
+    arguments already laid out as planned (on either view) are not moved. ``shard_map`` inside the
+    function keeps its own ``in_specs``/``out_specs``: they are the plan's first decisions.
 
     >>> import jax, jax.numpy as jnp, automap
     >>> mesh = automap.make_mesh({"data": 1})

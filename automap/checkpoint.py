@@ -60,6 +60,11 @@ def _checkpointer() -> Any:
 
 
 def _pure(state: Any) -> Any:
+    """Arrays by path: nnx objects and an ``nnx.State`` as their pure dicts (``l1/kernel``)."""
+    from flax import nnx
+
+    if isinstance(state, nnx.State):
+        return nnx.to_pure_dict(state)
     split = GraphArgs.split((state,), ())
     return state if split is None else split.pure_args[0]
 

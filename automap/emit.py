@@ -1,6 +1,7 @@
 """Emission: a plan becomes a ``jax.jit`` of the program replayed with sharding constraints.
 
-The lowered :class:`~automap.ir.program.Program` is replayed op by op (``eqn.primitive.bind``),
+The lowered :class:`~automap.ir.program.Program` is replayed op by op (:func:`automap._compat.replay_eqn`:
+``bind``, or a one-equation jaxpr for higher-order primitives such as ``shard_map``),
 with ``jax.lax.with_sharding_constraint`` after the values the plan pins. ``scan`` bodies are
 replayed inside a new ``jax.lax.scan`` (so their values get constraints too), inlined remat calls
 are wrapped in ``jax.checkpoint`` again, ``cond``/``while`` are re-bound as they were.
@@ -13,6 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from automap import _compat
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState, to_partition_spec
@@ -116,9 +118,7 @@ class _Replay:
         if op.primitive == "scan":
             outs = self.run_scan(op, args)
         else:
-            outs = op.eqn.primitive.bind(*args, **op.params)
-            if not op.eqn.primitive.multiple_results:
-                outs = [outs]
+            outs = _compat.replay_eqn(op.eqn, args)
         for vid, x in zip(op.outputs, outs, strict=True):
             self.put(env, vid, x)
 

@@ -1,5 +1,9 @@
 """flax nnx objects as arguments: split them into pure state, plan a pure function, write back.
 
+Only arguments holding nnx objects (``nnx.Pytree`` instances: Module, Optimizer, Rngs, ...; or a
+bare ``nnx.Variable``) are taken: an ``nnx.State`` or optax state is an ordinary pytree, as
+under ``jax.jit`` (see :mod:`automap.arg_styles`).
+
 A function such as ``train_step(model, optimizer, batch)`` that calls ``model(x)`` and
 ``optimizer.update(model, grads)`` mutates its arguments, which a partitioned program cannot do.
 As ``nnx.jit`` does, the nnx graph nodes among the (dynamic) arguments are split together
@@ -39,9 +43,18 @@ from flax import nnx
 from flax.nnx import graph as nnx_graph
 
 
-def _contains_graph_node(x: Any) -> bool:
-    leaves = jax.tree_util.tree_leaves(x, is_leaf=nnx_graph.is_graph_node)
-    return any(nnx_graph.is_graph_node(leaf) for leaf in leaves)
+def _is_nnx_object(x: Any) -> bool:
+    return isinstance(x, nnx.Pytree) and nnx_graph.is_graph_node(x)
+
+
+def _contains_nnx_object(x: Any) -> bool:
+    """Whether ``x`` is an nnx object to write back into: it holds an ``nnx.Pytree`` (Module,
+    Optimizer, Rngs, ...) or is a bare ``nnx.Variable``. Variables inside an ``nnx.State``, an optax
+    state or a dict are values of an ordinary pytree argument, as under ``jax.jit``."""
+    if isinstance(x, nnx.Variable):
+        return True
+    leaves = jax.tree_util.tree_leaves(x, is_leaf=_is_nnx_object)
+    return any(_is_nnx_object(leaf) for leaf in leaves)
 
 
 def _abstract(x: Any) -> Any:
@@ -67,7 +80,7 @@ class GraphArgs:
     def split(args: Sequence[Any], static_argnums: Sequence[int]) -> "GraphArgs | None":
         """Split the nnx objects among ``args``; ``None`` when there are none."""
         static = set(static_argnums)
-        indices = tuple(i for i, a in enumerate(args) if i not in static and _contains_graph_node(a))
+        indices = tuple(i for i, a in enumerate(args) if i not in static and _contains_nnx_object(a))
         if not indices:
             return None
         graphdef, state = nnx.split(tuple(args[i] for i in indices))

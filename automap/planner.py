@@ -8,6 +8,7 @@ from jax.sharding import Mesh
 
 from automap import emit
 from automap.ir.lower import lower
+from automap.rules.user_annotations import fix_user_shardings
 from automap.shardings import ShardingState
 from automap.ir.program import Program
 from automap.trace import Traced, feedback_pairs, trace
@@ -93,7 +94,8 @@ def make_plan(
         schedule = list(tactics)
     else:  # no tactics: the search decides everything; without a search, the batch tactic
         schedule = [] if search is not None else [batch_over_all_axes()]
-    result = run_schedule(schedule, ctx, ShardingState.initial(program, axes))
+    # the user's own shardings (shard_map boundaries) are the first decisions; the rest fills around
+    result = run_schedule(schedule, ctx, fix_user_shardings(ShardingState.initial(program, axes)))
     state = result.state
     notes = result.notes
     donated = donated_inputs(program, traced, len(args), static_argnums, donate_argnums)

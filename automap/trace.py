@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -33,6 +34,23 @@ def _key_str(k: Any) -> str:
 
 def path_str(prefix: str, path: Sequence[Any]) -> str:
     return "/".join([prefix] + [_key_str(k) for k in path]) if prefix else "/".join(_key_str(k) for k in path)
+
+
+def _is_nnx_variable(x: Any) -> bool:
+    nnx = sys.modules.get("flax.nnx")  # flax is optional: its Variables exist only if it is imported
+    return nnx is not None and isinstance(x, nnx.Variable)
+
+
+def leaf_paths(tree: Any) -> list[tuple[Any, ...]]:
+    """The key path of every leaf of ``tree``, an ``nnx.Variable``'s own ``.value`` key left out
+    (``params/l1/kernel``, as for nnx objects, see :mod:`automap.nnx_args`)."""
+    out = []
+    for path, leaf in tree_util.tree_flatten_with_path(tree, is_leaf=_is_nnx_variable)[0]:
+        if _is_nnx_variable(leaf):
+            out.extend(path + inner[1:] for inner, _ in tree_util.tree_flatten_with_path(leaf)[0])
+        else:
+            out.append(path)
+    return out
 
 
 def arg_names(fn: Callable, n: int, static_argnums: Sequence[int]) -> list[str]:
@@ -92,20 +110,19 @@ def trace(fn: Callable, args: Sequence[Any], *, static_argnums: Sequence[int] = 
             "jax.lax.fori_loop and jax.numpy, or pass the value as a static argument (static_argnums=...)"
         )
         raise
-    leaves_with_path, in_tree = tree_util.tree_flatten_with_path(tuple(abstract))
+    in_leaves, in_tree = tree_util.tree_flatten(tuple(abstract))
     in_paths, leaf_arg = [], []
-    for path, _ in leaves_with_path:
+    for path in leaf_paths(tuple(dynamic)):
         i = path[0].idx
         in_paths.append(path_str(names[i], path[1:]))
         leaf_arg.append(i)
-    out_with_path, out_tree = tree_util.tree_flatten_with_path(out_shape)
+    out_leaves, out_tree = tree_util.tree_flatten(out_shape)
     if isinstance(out_shape, tuple):
-        out_paths = [path_str("out", p) for p, _ in out_with_path]
+        out_paths = [path_str("out", p) for p in leaf_paths(out_shape)]
     else:
-        out_paths = [path_str("out", p) if p else "out" for p, _ in out_with_path]
+        out_paths = [path_str("out", p) if p else "out" for p in leaf_paths(out_shape)]
     return Traced(
-        closed, in_tree, out_tree, tuple(in_paths), tuple(out_paths),
-        tuple(leaf for _, leaf in leaves_with_path), tuple(leaf for _, leaf in out_with_path),
+        closed, in_tree, out_tree, tuple(in_paths), tuple(out_paths), tuple(in_leaves), tuple(out_leaves),
         tuple(names), tuple(leaf_arg),
     )
 

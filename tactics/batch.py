@@ -18,11 +18,15 @@ class BatchOverAllAxes:
         program = ctx.program
         for vid in ctx.data_inputs:
             value = program.values[vid]
-            if value.ndim == 0:
+            if value.ndim == 0 or vid in state.frozen:  # frozen: the user's own sharding (shard_map)
                 continue
+            spec = state.spec(vid)
+            used = {a for dim in spec for a in dim}
             pieces = 1
+            for axis in spec[0]:
+                pieces *= ctx.axes[axis]
             for axis, size in ctx.axes.items():
-                if value.shape[0] % (pieces * size) == 0 and size > 1:
+                if value.shape[0] % (pieces * size) == 0 and size > 1 and axis not in used:
                     actions.append(Action(vid, 0, axis))
                     pieces *= size
         if not actions:

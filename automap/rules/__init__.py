@@ -6,7 +6,7 @@ the few that must stay whole are listed with their reason in
 :data:`~automap.rules.unshardable.UNSHARDABLE`.
 """
 from automap.rules import (  # noqa: F401
-    attention, control_flow, dot, elementwise, indexing, random, reduce, shape, unshardable,
+    attention, control_flow, dot, elementwise, indexing, random, reduce, shape, unshardable, user_annotations,
 )
 from automap.rules.control_flow import STRUCTURAL
 from automap.rules.derive import Derivation, derive_rule
