@@ -9,18 +9,18 @@ DIR/ckpt (force=True), printing "saved k" after both; "ready" after k = 0.
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-
-import automap  # noqa: E402
-import tactics  # noqa: E402
-from automap import checkpoint  # noqa: E402
-
 
 def main(folder: str) -> None:
+    # imported here, not at module level: pytest's --doctest-modules imports this file inside
+    # the test process, where an XLA_FLAGS set at import would shrink every test's device count
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import automap
+    import tactics
+    from automap import checkpoint
+
     mesh = automap.make_mesh({"data": 2})
     plans = [automap.partition(jnp.tanh, mesh=mesh, tactics=[tactics.manual({"x": spec})], search=None).plan(
         jnp.ones((8, 4))) for spec in (P("data"), P(None, "data"))]
@@ -37,4 +37,5 @@ def main(folder: str) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # before JAX starts
     main(sys.argv[1])
