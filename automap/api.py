@@ -11,6 +11,7 @@ from jax import tree_util
 from jax.sharding import Mesh, NamedSharding
 
 from automap import _compat, emit
+from automap.arbiter import Arbiter, affordable, arbitrate
 from automap.ir.program import Program
 from automap.nnx_args import GraphArgs
 from automap.propagate import Reshard, reshards
@@ -58,6 +59,8 @@ class Plan:
     reasons: Mapping[int, str] = dataclasses.field(default_factory=dict)  # input value id -> why
     topology: Any = None  # automap.cost.Topology used by .estimate (None: from the backend)
     donated: frozenset[int] = frozenset()  # input value ids whose buffers are donated
+    # XLA's measure of the compiled program(s), filled by the first call ("arbitration": automap.arbiter)
+    measured: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     @functools.cached_property
     def estimate(self) -> Any:
@@ -98,6 +101,14 @@ class Plan:
           x      (8, 4)  float32  (data, -)  64 B          batch dim over data
         """
         return format_report(self, full)
+
+    def verify(self, compiled: Any, *, warn: bool = True) -> Any:
+        """Hold ``compiled`` (this plan's compiled program) against :attr:`estimate`: a
+        :class:`~automap.verify.Fidelity` (``print`` it for the table); warns with a
+        :class:`~automap.verify.FidelityWarning` where a figure is off target."""
+        from automap.verify import verify
+
+        return verify(self, compiled, warn=warn)
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -211,6 +222,7 @@ class Partitioned:
         strict: bool = False,
         pins: emit.PinPolicy = "anchors",
         plan: Plan | Any | str | os.PathLike | None = None,
+        arbiter: Arbiter = "auto",
     ):
         from automap.plan_io import StoredPlan
 
@@ -250,6 +262,9 @@ class Partitioned:
         self.static_argnums = tuple(static_argnums)
         self.strict = strict
         self.pins = pins
+        if arbiter not in ("auto", "always", None):
+            raise ValueError(f"arbiter must be 'auto', 'always' or None, got {arbiter!r}")
+        self.arbiter = arbiter
         self._fixed_plan = plan
         self._plans: dict[Any, Plan] = {}
         self._compiled: dict[Any, Any] = {}
@@ -307,14 +322,27 @@ class Partitioned:
                 )
         return graph, pure, self._plans[key]
 
-    def _jitted(self, plan: Plan) -> Any:
+    def _jitted(self, plan: Plan, args: Sequence[Any]) -> tuple[Any, Any]:
+        """(the jax.jit function, its Compiled or None) of the plan's program; with the arbiter on,
+        the better of the pinned and the inputs-only program by XLA's measure (automap.arbiter)."""
         if id(plan) not in self._compiled:
             dynamic = [i for i in range(len(plan.traced.arg_names) + len(self.static_argnums)) if i not in set(self.static_argnums)]
             donated_args = {dynamic.index(i) for i in self.donate_argnums if i in dynamic}
             donate = tuple(k for k, a in enumerate(plan.traced.leaf_arg) if a in donated_args)
-            self._compiled[id(plan)] = emit.compile_plan(
-                plan.state, self.mesh, pins=plan.pins, out_specs=plan._flat_out_shardings(), donate_argnums=donate
-            )
+
+            def program(pins: frozenset[int]) -> Callable[[], Any]:
+                return lambda: emit.compile_plan(plan.state, self.mesh, pins=pins,
+                                                 out_specs=plan._flat_out_shardings(), donate_argnums=donate)
+
+            if not affordable(self.arbiter, plan.program):
+                self._compiled[id(plan)] = (program(plan.pins)(), None)
+            else:
+                candidates = {"pinned": program(plan.pins)}
+                if plan.pins:
+                    candidates["inputs-only"] = program(frozenset())
+                arbitration = arbitrate(candidates, [abstractify(x) for x in args])
+                plan.measured["arbitration"] = arbitration
+                self._compiled[id(plan)] = (arbitration.kept.jitted, arbitration.kept.compiled)
         return self._compiled[id(plan)]
 
     def lower(self, *args: Any) -> Any:
@@ -322,7 +350,12 @@ class Partitioned:
         _, pure, plan = self._prepare(args)
         leaves = plan.check_args(pure, self.static_argnums)
         abstract = [abstractify(x) for x in leaves]
-        return self._jitted(plan).lower(*abstract)
+        return self._jitted(plan, abstract)[0].lower(*abstract)
+
+    def verify(self, *args: Any, warn: bool = True) -> Any:
+        """Compile what ``__call__`` runs for these arguments and hold it against the plan's
+        estimate (:meth:`Plan.verify`)."""
+        return self.plan(*args).verify(self.lower(*args).compile(), warn=warn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
@@ -334,7 +367,8 @@ class Partitioned:
         leaves = plan.check_args(pure, self.static_argnums)
         shardings = emit.shardings(plan.state, self.mesh, plan.program.inputs)
         placed = [_place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]
-        outs = self._jitted(plan)(*placed)
+        jitted, compiled = self._jitted(plan, placed)
+        outs = (compiled or jitted)(*placed)
         result = tree_util.tree_unflatten(plan.traced.out_tree, outs)
         return result if graph is None else graph.finish(result)  # nnx objects updated in place
 
@@ -361,7 +395,9 @@ def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
     search fills the mesh axes they leave unused; ``None``: no search, and without tactics the
     batch is sharded over every mesh axis that divides it), ``memory_budget``, ``topology``,
     ``donate_argnums``, ``static_argnums``, ``strict`` (error on primitives without a rule),
-    ``pins`` (which intermediates get sharding constraints), ``plan`` (a fixed Plan, or a plan
+    ``pins`` (which intermediates get sharding constraints), ``arbiter`` (``"auto"``: for
+    small programs, compile the inputs-only program too and keep the better by XLA's measure,
+    see :mod:`automap.arbiter`; ``"always"``; ``None``), ``plan`` (a fixed Plan, or a plan
     file's path / :meth:`Plan.load` result: no tactics or search run, the stored specs are used
     after checking the function's fingerprint and the mesh).
 
