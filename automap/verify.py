@@ -217,9 +217,15 @@ def verify(plan: Any, compiled: Any, *, warn: bool = True) -> Fidelity:
     >>> import jax.numpy as jnp, automap
     >>> step = automap.partition(lambda w, x: (x @ w).sum(), mesh=automap.make_mesh({"data": 2}), search=None)
     >>> w, x = jnp.ones((4, 2)), jnp.ones((8, 4))
-    >>> fid = verify(step.plan(w, x), step.lower(w, x).compile())
-    >>> fid.bytes_sent.measured, fid.dot_flops.ratio
-    (4.0, 1.0)
+    >>> print(verify(step.plan(w, x), step.lower(w, x).compile()))
+    fidelity: estimated = the plan's cost model; measured = XLA's compiled program (per device)
+                         estimated    measured   ratio
+      bytes sent              20 B        20 B    1.00
+      memory                 148 B       180 B    1.22
+      dot FLOPs                 64          64    1.00
+      collective          axes         est n   est sent  XLA n   XLA sent  ratio
+      all-reduce          data             1        4 B      1        4 B   1.00
+      all-gather          data             1       16 B      1       16 B   1.00
     """
     measured = measure(compiled)
     labels = _labels(compiled)
