@@ -262,8 +262,8 @@ class Partitioned:
         self.static_argnums = tuple(static_argnums)
         self.strict = strict
         self.pins = pins
-        if arbiter not in ("auto", "always", None):
-            raise ValueError(f"arbiter must be 'auto', 'always' or None, got {arbiter!r}")
+        if arbiter not in ("auto", "always", "search", None):
+            raise ValueError(f"arbiter must be 'auto', 'always', 'search' or None, got {arbiter!r}")
         self.arbiter = arbiter
         self._fixed_plan = plan
         self._plans: dict[Any, Plan] = {}
@@ -318,7 +318,7 @@ class Partitioned:
             else:
                 self._plans[key] = make_plan(
                     fn, pure, self.mesh, tactics=self.tactics, pins=self.pins, search=self.search,
-                    memory_budget=self.memory_budget, **options,
+                    memory_budget=self.memory_budget, arbiter=self.arbiter, **options,
                 )
         return graph, pure, self._plans[key]
 
@@ -397,7 +397,8 @@ def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
     ``donate_argnums``, ``static_argnums``, ``strict`` (error on primitives without a rule),
     ``pins`` (which intermediates get sharding constraints), ``arbiter`` (``"auto"``: for
     small programs, compile the inputs-only program too and keep the better by XLA's measure,
-    see :mod:`automap.arbiter`; ``"always"``; ``None``), ``plan`` (a fixed Plan, or a plan
+    see :mod:`automap.arbiter`; ``"always"``; ``"search"``: the search's final candidates
+    are compiled and measured too; ``None``), ``plan`` (a fixed Plan, or a plan
     file's path / :meth:`Plan.load` result: no tactics or search run, the stored specs are used
     after checking the function's fingerprint and the mesh).
 

@@ -14,8 +14,10 @@ them). Both are measured (:func:`automap.measure`) and the better one is kept (:
 A program worse in both is dominated and never kept. ``arbiter`` (an option of
 :func:`automap.automap`): ``"auto"`` (the default) arbitrates programs of at most
 :data:`AUTO_MAX_OPS` ops (two compiles of a small program are cheap; above that the second
-compile would cost as much as the first); ``"always"``; ``None`` keeps the pinned program
-unmeasured. The plan's report says which program was kept and the measured figures.
+compile would cost as much as the first); ``"always"``; ``"search"``: as ``"auto"``, and the
+search's final candidates are compiled and measured too (:func:`final_choice`); ``None`` keeps
+the pinned program unmeasured. The plan's report says which program was kept and the measured
+figures.
 """
 from __future__ import annotations
 
@@ -25,10 +27,10 @@ from typing import Any, Callable, Literal, Optional
 from automap.measure import Measurement, measure
 from automap.report import human_bytes
 
-__all__ = ["Arbiter", "Arbitration", "prefer", "affordable", "arbitrate", "AUTO_MAX_OPS", "MEMORY_SLACK",
+__all__ = ["Arbiter", "Arbitration", "prefer", "affordable", "arbitrate", "final_choice", "AUTO_MAX_OPS", "MEMORY_SLACK",
            "BYTES_TIE"]
 
-Arbiter = Optional[Literal["auto", "always"]]
+Arbiter = Optional[Literal["auto", "always", "search"]]
 AUTO_MAX_OPS = 4000  # ops in the lowered program (scan bodies counted once): above, "auto" compiles once
 MEMORY_SLACK = 0.05
 BYTES_TIE = 0.01
@@ -95,9 +97,9 @@ def affordable(arbiter: Arbiter, program: Any) -> bool:
         return False
     if arbiter == "always":
         return True
-    if arbiter == "auto":
+    if arbiter in ("auto", "search"):
         return len(program.ops) + sum(len(r.ops) for op in program.ops for r in op.regions) <= AUTO_MAX_OPS
-    raise ValueError(f"arbiter must be 'auto', 'always' or None, got {arbiter!r}")
+    raise ValueError(f"arbiter must be 'auto', 'always', 'search' or None, got {arbiter!r}")
 
 
 def arbitrate(candidates: dict[str, Callable[[], Any]], abstract_args: list[Any]) -> Arbitration:
@@ -113,3 +115,41 @@ def arbitrate(candidates: dict[str, Callable[[], Any]], abstract_args: list[Any]
         if prefer(best.measurement, c.measurement):
             best = c
     return Arbitration(best, tuple(c for c in built if c is not best))
+
+
+# --- the search's last step (arbiter="search") -------------------------------------------------------
+
+
+def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, Any, Any], ...],
+                 measure_state: Callable[[Any], Measurement]) -> tuple[Any, str]:
+    """XLA arbitrates the search's final candidates: the answer, the expert ceiling plan and the
+    next best, each ``(label, state, score)``. Each is compiled and measured
+    (``measure_state``); a candidate is admitted when its measured bytes sent are at most the
+    ceiling plan's (within :data:`BYTES_TIE`) and its memory at most the ceiling's (within
+    :data:`MEMORY_SLACK`), so the ceiling promise holds by XLA's measure; without a ceiling
+    plan among them, the answer's measure is the ceiling. Of the admitted, the fastest by the
+    cost model's time is kept. Returns (its state, a note for the plan's report).
+
+    >>> import types
+    >>> from automap.measure import CollectiveOp, MemoryStat
+    >>> def m(sent, memory):
+    ...     op = CollectiveOp("all-gather", 2 * sent, 1, [[0, 1]], "ag", "main", group_size=2)
+    ...     return Measurement({}, MemoryStat(memory, 0, 0, 0), 0, [op])
+    >>> measured = {"a": m(900, 100), "e": m(600, 100), "n": m(500, 90)}
+    >>> fast = lambda t: types.SimpleNamespace(time_s=t)
+    >>> state, note = final_choice(("answer", "a", fast(1.0)), (("expert ceiling", "e", fast(1.2)),
+    ...                            ("next best", "n", fast(1.1))), measured.__getitem__)
+    >>> state  # the answer sends more than the expert plan by XLA's measure: the next best is kept
+    'n'
+    """
+    got = [(label, state, score, measure_state(state)) for label, state, score in (answer,) + tuple(alternatives)]
+    ceiling = next((c for c in got if c[0].startswith("expert ceiling")), got[0])[3]
+
+    def admitted(m: Measurement) -> bool:
+        return (m.wire_bytes <= ceiling.wire_bytes * (1 + BYTES_TIE)
+                and (m.memory_per_device or 0) <= (ceiling.memory_per_device or 0) * (1 + MEMORY_SLACK))
+
+    kept = min((c for c in got if admitted(c[3])), key=lambda c: c[2].time_s)
+    figures = "; ".join(f"{label} {human_bytes(m.wire_bytes)} sent, {human_bytes(m.memory_per_device or 0)} "
+                        f"memory, estimated {score.time_s * 1e3:.3f} ms" for label, _, score, m in got)
+    return kept[1], f"search arbiter: kept the {kept[0]}; measured by XLA: {figures}"

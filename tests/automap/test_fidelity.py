@@ -15,6 +15,7 @@ from jax import tree_util
 from jax.sharding import PartitionSpec as P
 
 import automap
+import search
 import tactics
 from automap import zoo
 from automap.measure import measure
@@ -79,8 +80,19 @@ def test_arbiter_keeps_the_program_xla_measures_better(arbiter, kept):
 
 
 def test_arbiter_option_is_checked():
-    with pytest.raises(ValueError, match="arbiter must be 'auto', 'always' or None"):
+    with pytest.raises(ValueError, match="arbiter must be 'auto', 'always', 'search' or None"):
         automap.partition(jnp.sin, mesh=automap.make_mesh({"data": 8}), arbiter="yes")
+
+
+def test_search_arbiter_measures_the_final_candidates():
+    w = zoo.mlp(zoo.MLPConfig(d_in=16, hidden=(32,), d_out=8, batch=16))
+    state, batch = w.init(0)
+    step = automap.automap(w.train_step, mesh=automap.make_mesh({"data": 2, "model": 4}),
+                           search=search.MCTS(episodes=8, seed=0), arbiter="search")
+    plan = step.plan(state, batch)
+    (note,) = [n for n in plan.notes if n.startswith("search arbiter: kept the ")]
+    assert "measured by XLA: answer " in note and "next best " in note
+    np.testing.assert_allclose(step(state, batch)[1], jax.jit(w.train_step)(state, batch)[1], rtol=1e-5)
 
 
 # --- the targets: an expert's exact input specs compile no worse than jax.jit's -----------
