@@ -62,6 +62,9 @@ class Plan:
     # XLA's measure of the compiled program(s), filled by the first call ("arbitration": automap.arbiter)
     measured: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
+    def __post_init__(self) -> None:  # a copy (dataclasses.replace) measures its own programs
+        object.__setattr__(self, "measured", dict(self.measured))
+
     @functools.cached_property
     def estimate(self) -> Any:
         """The cost model's :class:`~automap.cost.Estimate` of this plan (nothing is compiled)."""

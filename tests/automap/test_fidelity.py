@@ -60,7 +60,7 @@ def _wasteful_plan():
     plan = automap.partition(fn, mesh=mesh, search=None).plan(x)
     (exp,) = [op.outputs[0] for op in plan.program.ops if op.primitive == "exp"]
     state = plan.state.replace(specs={**plan.state.specs, exp: ((), ())})
-    return fn, x, dataclasses.replace(plan, state=state, pins=frozenset({exp}), measured={})
+    return fn, x, dataclasses.replace(plan, state=state, pins=frozenset({exp}))
 
 
 @pytest.mark.parametrize("arbiter, kept", [("auto", "inputs-only"), (None, None)])
