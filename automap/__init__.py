@@ -13,12 +13,13 @@ from automap.measure import CollectiveOp, CollectiveStat, Measurement, MemorySta
 from automap.profile import Profile, profile
 from automap.shardings import Action, ShardingError, ShardingState
 from automap.trace import trace
+from automap.verify import Fidelity, FidelityWarning
 
 from automap import checkpoint, plan_io  # noqa: E402  (after the API they build on)
 from automap.plan_io import PlanMismatchError  # noqa: E402
 
 __all__ = [
-    "Action", "CollectiveOp", "CollectiveStat", "Estimate", "Measurement", "MemoryStat", "Op", "Partitioned",
+    "Action", "CollectiveOp", "CollectiveStat", "Estimate", "Fidelity", "FidelityWarning", "Measurement", "MemoryStat", "Op", "Partitioned",
     "Plan", "PlanMismatchError", "Profile", "Program", "Region", "ShardingError", "ShardingState", "Topology",
     "Value", "automap", "checkpoint", "cost", "lower", "make_mesh", "measure", "partition", "plan_io", "profile",
     "rules", "trace", "zoo",

@@ -11,6 +11,7 @@ from jax import tree_util
 from jax.sharding import Mesh, NamedSharding
 
 from automap import _compat, emit
+from automap.arbiter import Arbiter, affordable, arbitrate
 from automap.ir.program import Program
 from automap.arg_styles import ArgStyles
 from automap.call_args import ArgumentBinder
@@ -61,6 +62,11 @@ class Plan:
     reasons: Mapping[int, str] = dataclasses.field(default_factory=dict)  # input value id -> why
     topology: Any = None  # automap.cost.Topology used by .estimate (None: from the backend)
     donated: frozenset[int] = frozenset()  # input value ids whose buffers are donated
+    # XLA's measure of the compiled program(s), filled by the first call ("arbitration": automap.arbiter)
+    measured: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:  # a copy (dataclasses.replace) measures its own programs
+        object.__setattr__(self, "measured", dict(self.measured))
 
     @functools.cached_property
     def estimate(self) -> Any:
@@ -101,6 +107,14 @@ class Plan:
           x      (8, 4)  float32  (data, -)  64 B          batch dim over data
         """
         return format_report(self, full)
+
+    def verify(self, compiled: Any, *, warn: bool = True) -> Any:
+        """Hold ``compiled`` (this plan's compiled program) against :attr:`estimate`: a
+        :class:`~automap.verify.Fidelity` (``print`` it for the table); warns with a
+        :class:`~automap.verify.FidelityWarning` where a figure is off target."""
+        from automap.verify import verify
+
+        return verify(self, compiled, warn=warn)
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -213,6 +227,7 @@ class Partitioned:
         strict: bool = False,
         pins: emit.PinPolicy = "anchors",
         plan: Plan | Any | str | os.PathLike | None = None,
+        arbiter: Arbiter = None,
     ):
         from automap.plan_io import StoredPlan
 
@@ -250,6 +265,9 @@ class Partitioned:
         self.static_argnums = self._binder.static_argnums  # static_argnames joined by position
         self.strict = strict
         self.pins = pins
+        if arbiter not in ("auto", "always", "search", None):
+            raise ValueError(f"arbiter must be 'auto', 'always', 'search' or None, got {arbiter!r}")
+        self.arbiter = arbiter
         self._fixed_plan = plan
         self._plans: dict[Any, Plan] = {}
         self._compiled: dict[Any, Any] = {}
@@ -305,20 +323,33 @@ class Partitioned:
             else:
                 self._plans[key] = make_plan(
                     fn, pure, self.mesh, tactics=self.tactics, pins=self.pins, search=self.search,
-                    memory_budget=self.memory_budget, **options,
+                    memory_budget=self.memory_budget, arbiter=self.arbiter, **options,
                 )
         plan = self._plans[key]
         return styles, pure, plan, out_static
 
-    def _jitted(self, plan: Plan) -> Any:
+    def _jitted(self, plan: Plan, args: Sequence[Any]) -> tuple[Any, Any]:
+        """(the jax.jit function, its Compiled or None) of the plan's program; with the arbiter on,
+        the better of the pinned and the inputs-only program by XLA's measure (automap.arbiter)."""
         if id(plan) not in self._compiled:
             dynamic = [i for i in range(len(plan.traced.arg_names) + len(self.static_argnums)) if i not in set(self.static_argnums)]
             donated_args = {dynamic.index(i) for i in self.donate_argnums if i in dynamic}
             donate = tuple(k for k, a in enumerate(plan.traced.leaf_arg) if a in donated_args)
-            outs = [NamedSharding(self._emit_mesh, s.spec) for s in plan._flat_out_shardings()]
-            self._compiled[id(plan)] = emit.compile_plan(
-                plan.state, self._emit_mesh, pins=plan.pins, out_specs=outs, donate_argnums=donate
-            )
+
+            def program(pins: frozenset[int]) -> Callable[[], Any]:
+                outs = [NamedSharding(self._emit_mesh, s.spec) for s in plan._flat_out_shardings()]
+                return lambda: emit.compile_plan(plan.state, self._emit_mesh, pins=pins, out_specs=outs,
+                                                 donate_argnums=donate)
+
+            if not affordable(self.arbiter, plan.program):
+                self._compiled[id(plan)] = (program(plan.pins)(), None)
+            else:
+                candidates = {"pinned": program(plan.pins)}
+                if plan.pins:
+                    candidates["inputs-only"] = program(frozenset())
+                arbitration = arbitrate(candidates, [abstractify(x) for x in args])
+                plan.measured["arbitration"] = arbitration
+                self._compiled[id(plan)] = (arbitration.kept.jitted, arbitration.kept.compiled)
         return self._compiled[id(plan)]
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
@@ -326,7 +357,13 @@ class Partitioned:
         with _compat.planning_mesh_context(self.mesh):
             _, pure, plan, _ = self._prepare(self._binder.bind(args, kwargs))
             leaves = plan.check_args(pure, self.static_argnums)
-            return self._jitted(plan).lower(*[abstractify(x) for x in leaves])
+            abstract = [abstractify(x) for x in leaves]
+            return self._jitted(plan, abstract)[0].lower(*abstract)
+
+    def verify(self, *args: Any, warn: bool = True, **kwargs: Any) -> Any:
+        """Compile what ``__call__`` runs for these arguments and hold it against the plan's
+        estimate (:meth:`Plan.verify`)."""
+        return self.plan(*args, **kwargs).verify(self.lower(*args, **kwargs).compile(), warn=warn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with _compat.planning_mesh_context(self.mesh):  # a caller's jax.set_mesh: its Auto view
@@ -334,7 +371,8 @@ class Partitioned:
             leaves = plan.check_args(pure, self.static_argnums)
             shardings = emit.shardings(plan.state, self._emit_mesh, plan.program.inputs)
             placed = [place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]
-            outs = on_mesh(self._jitted(plan)(*placed), self.mesh)
+            jitted, compiled = self._jitted(plan, placed)
+            outs = on_mesh((compiled or jitted)(*placed), self.mesh)
         result = tree_util.tree_unflatten(plan.traced.out_tree, outs)
         return styles.finish(result, out_static[0])  # static outputs put back, nnx objects updated in place
 
@@ -349,8 +387,10 @@ def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
     batch is sharded over every mesh axis that divides it), ``memory_budget``, ``topology``,
     ``donate_argnums``, ``static_argnums``, ``static_argnames`` (as ``jax.jit``; keyword arguments
     of a call are bound to positions, see :mod:`automap.call_args`), ``strict`` (error on primitives
-    without a rule),
-    ``pins`` (which intermediates get sharding constraints), ``plan`` (a fixed Plan, or a plan
+    without a rule), ``pins`` (which intermediates get sharding constraints), ``arbiter`` (``None``,
+    the default: the pinned program; ``"auto"``: for small programs, compile the inputs-only
+    program too and keep the better by XLA's measure, see :mod:`automap.arbiter`; ``"always"``;
+    ``"search"``: the search's final candidates are compiled and measured too), ``plan`` (a fixed Plan, or a plan
     file's path / :meth:`Plan.load` result: no tactics or search run, the stored specs are used
     after checking the function's fingerprint and the mesh).
 

@@ -6,7 +6,8 @@ from typing import Any, Callable, Sequence
 
 from jax.sharding import Mesh
 
-from automap import emit
+from automap import _compat, emit
+from automap.arbiter import affordable, final_choice
 from automap.ir.lower import lower
 from automap.rules.user_annotations import fix_user_shardings
 from automap.shardings import ShardingState
@@ -77,6 +78,7 @@ def make_plan(
     donate_argnums: Sequence[int] = (),
     search: Any = "auto",
     memory_budget: Any = None,
+    arbiter: Any = None,
 ) -> Any:
     from automap.api import Plan
     from tactics import PlanContext, batch_over_all_axes, run_schedule
@@ -104,23 +106,17 @@ def make_plan(
     if search is not None:  # fill what the tactics left open
         from search.planning import run_search
 
-        state, _, search_notes = run_search(
+        state, found, search_notes = run_search(
             search, state, topology=topology, memory_budget=memory_budget, donated=donated,
             data_inputs=data_inputs, context=ctx,
         )
         notes = notes + search_notes
+        if arbiter == "search" and found.alternatives and affordable(arbiter, program):  # XLA decides last
+            measure_state = _state_measurer(traced, program, mesh, pairs, pins)
+            state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state)
+            notes = notes + (note,)
 
-    # outputs that feed back as inputs keep the input's sharding (no resharding between steps)
-    out_specs = [state.spec(v) for v in program.outputs]
-    specs = dict(state.specs)
-    inputs = set(program.inputs)
-    for o, i in pairs.items():
-        want = state.spec(program.inputs[i])
-        out_specs[o] = want
-        vid = program.outputs[o]
-        if vid not in inputs and state.spec(vid) != want:
-            specs[vid] = want
-    state = state.replace(specs=specs)
+    state, out_specs = _tie_outputs(state, program, pairs)
     plan = Plan(
         mesh, traced, program, state, emit.pinned_values(state, pins), tuple(out_specs), notes,
         result.reasons, topology, donated,
@@ -130,3 +126,39 @@ def make_plan(
 
         check_budget(state, plan.estimate.peak_memory_bytes, memory_budget)
     return plan
+
+
+def _tie_outputs(state: ShardingState, program: Program, pairs: dict[int, int]) -> tuple[ShardingState, list]:
+    """Outputs that feed back as inputs keep the input's sharding (no resharding between steps)."""
+    out_specs = [state.spec(v) for v in program.outputs]
+    specs = dict(state.specs)
+    inputs = set(program.inputs)
+    for o, i in pairs.items():
+        want = state.spec(program.inputs[i])
+        out_specs[o] = want
+        vid = program.outputs[o]
+        if vid not in inputs and state.spec(vid) != want:
+            specs[vid] = want
+    return state.replace(specs=specs), out_specs
+
+
+def _state_measurer(traced: Traced, program: Program, mesh: Mesh, pairs: dict[int, int],
+                    pins: emit.PinPolicy) -> Callable[[ShardingState], Any]:
+    """A function compiling a search state as the plan would (pinned, fed-back outputs tied;
+    no donation) and returning XLA's measure of it."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    from automap.measure import measure
+    from automap.shardings import to_partition_spec
+
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in traced.in_avals]
+    mesh = _compat.auto_view(mesh)  # emitted on the Auto view, as the call does
+
+    def measure_state(state: ShardingState) -> Any:
+        state, out_specs = _tie_outputs(state, program, pairs)
+        outs = [NamedSharding(mesh, to_partition_spec(s)) for s in out_specs]
+        jitted = emit.compile_plan(state, mesh, pins=emit.pinned_values(state, pins), out_specs=outs)
+        return measure(jitted.lower(*args).compile())
+
+    return measure_state

@@ -171,7 +171,7 @@ def format_report(plan: Any, full: bool = False) -> str:
     est = plan.estimate
     mem = est.memory
     lines.append(
-        f"  estimate ({est_topology(plan)}): step {est.time_s * 1e3:.3f} ms = compute {est.compute_time_s * 1e3:.3f} ms"
+        f"  estimate ({est_topology(plan)}; the cost model's, nothing compiled): step {est.time_s * 1e3:.3f} ms = compute {est.compute_time_s * 1e3:.3f} ms"
         f" + communication {est.comm_time_s * 1e3:.3f} ms; {est.flops:.4g} FLOPs/device; peak memory "
         f"{human_bytes(mem.peak)}/device (arguments {human_bytes(mem.arguments)} + outputs "
         f"{human_bytes(mem.outputs)} - donated {human_bytes(mem.aliased)} + temporaries {human_bytes(mem.temp)})"
@@ -208,6 +208,12 @@ def format_report(plan: Any, full: bool = False) -> str:
     lines += rules_lines(program)
     for note in plan.notes:
         lines.append(f"  note: {note}")
+    arbitration = getattr(plan, "measured", {}).get("arbitration")
+    if arbitration is not None:
+        lines.append(f"  measured (XLA): {arbitration.note()}")
+    else:
+        lines.append("  measured (XLA): not compiled yet; plan.verify(compiled) holds a compiled program against "
+                     "the estimate")
     return "\n".join(lines)
 
 

@@ -29,6 +29,9 @@ class SearchResult:
     stats: SearchStats
     searcher: str
     notes: tuple[str, ...] = ()  # what the searcher wants the report to say (e.g. the ceiling it held to)
+    # the final candidates besides the answer, for XLA to arbitrate (automap.arbiter.final_choice):
+    # (label, state, score), e.g. the expert ceiling plan and the next best plan
+    alternatives: tuple[tuple[str, ShardingState, Score], ...] = ()
 
     def describe(self, space: SearchSpace) -> list[str]:
         return [space.describe(a) for a in self.actions]

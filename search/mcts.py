@@ -236,7 +236,28 @@ class MCTS:
         notes = () if ceiling is None else (
             f"held to the bytes sent ({ceiling.wire_bytes / 2**20:.2f} MiB) and memory "
             f"({ceiling.peak_bytes / 2**20:.1f} MiB) per device of the fastest expert plan: {ceiling.source}",)
-        return SearchResult(best_state, best, best_actions, stats, self.name, notes)
+        return SearchResult(best_state, best, best_actions, stats, self.name, notes,
+                            _alternatives(space, root, best_state, anchor, ceiling))
+
+
+def _alternatives(space: SearchSpace, root: Node, answer: ShardingState, anchor: tuple | None,
+                  ceiling: Ceiling | None) -> tuple[tuple[str, ShardingState, Score], ...]:
+    """The final candidates besides the answer: the expert ceiling plan and the tree's next best
+    feasible plan (by rank under the ceiling)."""
+    out, seen = [], {answer.key()}
+    if anchor is not None and anchor[1].feasible and anchor[0].key() not in seen:
+        out.append((f"expert ceiling ({ceiling.source if ceiling else 'fastest seed'})", anchor[0], anchor[1]))
+        seen.add(anchor[0].key())
+    best, stack = None, [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        got = space.score(node.state)
+        if got.feasible and node.state.key() not in seen and (best is None or ranked(got, ceiling) > ranked(best[1], ceiling)):
+            best = (node.state, got)
+    if best is not None:
+        out.append(("next best", best[0], best[1]))
+    return tuple(out)
 
 
 def _best_sweep(space: SearchSpace, plans: list[tuple[ShardingState, tuple[Move, ...]]], limit: int,
