@@ -316,13 +316,23 @@ def plots(rows: list[dict], out: str, prefix: str = "megatron") -> list[str]:
     strategies = list(dict.fromkeys(r["strategy"] for r in done))
     files = []
 
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 3, 6, 80 rather than 3x10^0
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--"), ("X", "-.")]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for s in strategies:
+    step = 0.6 / max(len(strategies), 1)  # strategies side by side at each mesh: equal values stay visible
+    for k, s in enumerate(strategies):
         ys = {r["mesh"]: r["mem_gib"] for r in done if r["config"] == big and r["topology"] == topo0 and r["strategy"] == s}
-        ax.plot([m for m in meshes if m in ys], [ys[m] for m in meshes if m in ys], marker="o", label=s)
+        xs = [i + (k - (len(strategies) - 1) / 2) * step for i, m in enumerate(meshes) if m in ys]
+        marker, line = styles[k % len(styles)]
+        ax.plot(xs, [ys[m] for m in meshes if m in ys], marker=marker, ls=line, label=s)
     if done[0]["mem_gib"] > 1:
         ax.axhline(80, color="grey", ls="--", lw=1, label="H100 80 GiB")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain if ax.get_ylim()[1] / ax.get_ylim()[0] < 30 else NullFormatter())
+    ax.set_xticks(range(len(meshes)), meshes)
     ax.set(xlabel="mesh (data x model)", ylabel="peak memory / device (GiB, estimated)",
            title=f"{big}: memory vs mesh shape")
     ax.legend(fontsize=7)
@@ -333,15 +343,15 @@ def plots(rows: list[dict], out: str, prefix: str = "megatron") -> list[str]:
 
     mesh0 = "2x4" if "2x4" in meshes else meshes[-1]
     configs = list(dict.fromkeys(r["config"] for r in done))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(strategies)
-    for i, s in enumerate(strategies):
+    # one panel per model: a tiny model's bars would vanish on a GPT-2's scale
+    fig, axes = plt.subplots(1, len(configs), figsize=(3.5 * len(configs) + 1, 4), squeeze=False)
+    for ax, c in zip(axes[0], configs):
         ys = [next((r["coll_mib"] for r in done if r["config"] == c and r["mesh"] == mesh0 and r["topology"] == topo0
-                    and r["strategy"] == s), 0) for c in configs]
-        ax.bar([j + i * width for j in range(len(configs))], ys, width, label=s)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(configs))], configs)
-    ax.set(ylabel="collective bytes / device / step (MiB, est.)", title=f"collectives per strategy, mesh {mesh0}")
-    ax.legend(fontsize=7)
+                    and r["strategy"] == s), 0) for s in strategies]
+        ax.bar(range(len(strategies)), ys, color=[f"C{i}" for i in range(len(strategies))])
+        ax.set_xticks(range(len(strategies)), strategies, rotation=45, ha="right", fontsize=7)
+        ax.set(title=c, ylabel="collective MiB / device / step (est.)")
+    fig.suptitle(f"collectives per strategy, mesh {mesh0}")
     fig.tight_layout()
     files.append(os.path.join(out, f"{prefix}_collectives.png"))
     fig.savefig(files[-1], dpi=110)
