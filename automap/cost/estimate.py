@@ -267,11 +267,14 @@ def _priced(topology: Topology, state: ShardingState) -> dict[int, tuple]:
 
 
 def _is_real_dot(program, op, fax, axes) -> bool:
-    """A matmul (by its traits) that stays one: XLA rewrites a dot whose per-device contraction
-    has size 1 (an outer product, e.g. a weight gradient with one example per device) into a
-    multiply: not a dot any more."""
-    if not traits_of(op.primitive).matmul:
+    """A contraction (by its traits) that stays one in XLA: a convolution, or a matmul whose
+    per-device contraction has size > 1 (XLA rewrites a dot with a size-1 contraction, an outer
+    product such as a weight gradient with one example per device, into a multiply)."""
+    traits = traits_of(op.primitive)
+    if traits.contraction is None:
         return False
+    if not traits.matmul:
+        return True
     contraction = 1
     for f in op.rule.reduction_factors:
         contraction *= op.rule.factors[f].size // math.prod(axes[a] for a in fax.get(f, ()))

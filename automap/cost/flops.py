@@ -25,9 +25,11 @@ def _flops(program: Program, op: Op, traits: Traits) -> int:
 
 
 def dot_flops(program: Program, op: Op) -> int:
-    """The FLOPs of a matmul (``2 * |result| * |contraction|`` for dot_general); 0 for anything else."""
+    """The FLOPs of a contraction (``2 * |result| * |contraction|`` for dot_general; convolutions
+    too, as :func:`automap.measure` counts XLA's dot and convolution instructions); 0 for
+    anything else."""
     traits = traits_of(op.primitive)
-    return _flops(program, op, traits) if traits.matmul else 0
+    return _flops(program, op, traits) if traits.contraction is not None else 0
 
 
 def op_flops(program: Program, op: Op) -> int:

@@ -22,10 +22,12 @@ def _conv_contracted(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> t
     return tuple(lhs_spec[1:]), tuple(rhs_spec[1:])
 
 
-def _conv_flops(ctx: RuleContext, **_: Any) -> int:
-    """``2 * |result| * |kernel| / out_features`` (the kernel's last dim taken as its outputs)."""
+def _conv_flops(ctx: RuleContext, *, dimension_numbers: Any = None, **_: Any) -> int:
+    """``2 * |result| * |kernel| / out_features``, the kernel's output-feature dim read off
+    ``dimension_numbers`` (HWIO's last dim without them), as XLA counts a convolution."""
     rhs, out = ctx.operands[1].shape, ctx.results[0].shape
-    return 2 * math.prod(out) * math.prod(rhs) // max(rhs[-1], 1)
+    o = dimension_numbers[1][0] if dimension_numbers is not None else len(rhs) - 1
+    return 2 * math.prod(out) * math.prod(rhs) // max(rhs[o], 1)
 
 
 

@@ -168,3 +168,19 @@ def test_expert_specs_compile_no_worse_than_jit(case):
     want = jax.jit(fn)(*args)
     for a, b in zip(tree_util.tree_leaves(got), tree_util.tree_leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tactic", [None, "data"], ids=["replicated", "data-parallel"])
+def test_convolution_flops_are_dot_flops_as_xla_counts_them(tactic):
+    """Forward and both gradient convolutions (their kernels in other layouts) count like XLA's."""
+    def loss(w, x):
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jnp.mean(jnp.tanh(y) ** 2)
+
+    step = jax.grad(loss, argnums=(0, 1))
+    w, x = jnp.ones((3, 3, 4, 8)) * 0.1, jnp.ones((8, 6, 6, 4))
+    rules = [] if tactic is None else [tactics.data_parallel(tactic)]
+    f = automap.automap(step, mesh=automap.make_mesh({"data": 8}), tactics=rules, search=None)
+    fid = f.verify(w, x, warn=False)
+    assert fid.dot_flops.measured > 0
+    assert fid.dot_flops.estimated == fid.dot_flops.measured

@@ -62,7 +62,7 @@ CONTRACTION_ROWS = [
     ("conv_general_dilated", [(2, 3, 8, 8), (4, 3, 3, 3)], [(2, 4, 8, 8)],
      dict(dimension_numbers=jax.lax.ConvDimensionNumbers((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3)),
           feature_group_count=1, batch_group_count=1),
-     ((1, 2, 3), (1, 2, 3)), 2 * (2 * 4 * 8 * 8) * (4 * 3 * 3 * 3) // 3),
+     ((1, 2, 3), (1, 2, 3)), 2 * (2 * 4 * 8 * 8) * (3 * 3 * 3)),  # OIHW: kernel elements / its 4 outputs
 ]
 
 
