@@ -12,13 +12,13 @@ import jax
 import numpy as np
 import pytest
 from jax import tree_util
-from jax.sharding import PartitionSpec as P
 
 import automap
 import search
 import tactics
 from automap.rules import MissingRuleWarning
 from automap.zoo import corpus
+from automap.zoo.corpus.megatron_specs import MEGATRON
 
 MESH = automap.make_mesh({"data": 2, "model": 4})
 DP = tactics.data_parallel("data")
@@ -36,40 +36,8 @@ FAST = {
     "xla_llvm_disable_expensive_passes": True,
     "xla_cpu_use_fusion_emitters": False,
 }
-M = "model"
-COL3, ROW3 = P(None, M, None), P(M, None, None)  # (D, heads, Dh) column, (heads, Dh, D) row
-FLAX_ATTN = {"query/kernel": COL3, "key/kernel": COL3, "value/kernel": COL3, "out/kernel": ROW3}
-
 # model -> (expected Megatron specs by parameter path under state/params/, why it fails today)
-MODELS = {
-    "nnx_transformer": ({
-        **{f"blocks/0/attn/{k}": s for k, s in FLAX_ATTN.items()},
-        "blocks/0/up/kernel": P(None, M), "blocks/0/down/kernel": P(M, None),
-        "embed/embedding": P(M, None), "head/kernel": P(None, M),
-    }, None),
-    "linen_resnet": ({"head/kernel": P(None, M)}, None),
-    "eqx_transformer": ({  # equinox's Linear weight is (out, in)
-        **{f"blocks/0/attn/{k}_proj/weight": P(M, None) for k in ("query", "key", "value")},
-        "blocks/0/attn/output_proj/weight": P(None, M),
-        "blocks/0/up/weight": P(M, None), "blocks/0/down/weight": P(None, M),
-        "embed/weight": P(M, None), "head/weight": P(M, None),
-    }, None),
-    "llama_gqa": ({
-        "layers/0/wq": COL3, "layers/0/wk": COL3, "layers/0/wv": COL3, "layers/0/wo": ROW3,
-        "layers/0/w_gate": P(None, M), "layers/0/w_up": P(None, M), "layers/0/w_down": P(M, None),
-        "embed": P(M, None), "lm_head": P(None, M),
-    }, None),
-    "moe_ragged": ({
-        "w_in": P(None, None, M), "w_out": P(None, M, None), "embed": P(M, None), "head": P(None, M),
-    }, None),
-    "moe_einsum": ({
-        "w_in": P(None, None, M), "w_out": P(None, M, None), "embed": P(M, None), "head": P(None, M),
-    }, None),
-    "linen_vit": ({
-        **{f"block_0/attn/{k}": s for k, s in FLAX_ATTN.items()},
-        "block_0/mlp_in/kernel": P(None, M), "block_0/mlp_out/kernel": P(M, None), "head/kernel": P(None, M),
-    }, None),
-}
+MODELS = {name: (specs, None) for name, specs in MEGATRON.items()}
 
 # model -> column/row pairs megatron reports (attention + MLP per block; the MoE's expert MLP)
 PAIRS = {"nnx_transformer": 2, "linen_resnet": 0, "eqx_transformer": 2, "llama_gqa": 2, "moe_ragged": 1,

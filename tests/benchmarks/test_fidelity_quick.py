@@ -1,0 +1,32 @@
+"""`python benchmarks/fidelity.py` on the MLP with one plan of each kind: the Markdown table has
+one row per plan, every estimated / XLA ratio and the jax.jit parity are finite and positive."""
+import math
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLANS = ["data_parallel", "manual_dp", "manual_fsdp"]
+
+
+def test_fidelity_table(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    out = tmp_path / "fidelity.md"
+    run = subprocess.run([sys.executable, "benchmarks/fidelity.py", "--models", "mlp", "--plans", ",".join(PLANS),
+                          "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = out.read_text().splitlines()
+    assert "## mlp" in lines and "## Summary" in lines
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
+    head, body = rows[0], rows[1:]
+    assert [r[0] for r in body] == PLANS
+    for row in body:
+        ratios = [float(c.strip("*")) for c, h in zip(row, head, strict=True) if h == "ratio"]  # bytes, memory, FLOPs
+        assert len(ratios) == 3 and all(math.isfinite(r) and r > 0 for r in ratios), row
+        parity = re.findall(r"[\d.]+", row[head.index("vs jax.jit sent / mem")])
+        assert len(parity) == (2 if row[0].startswith("manual_") else 0), row
+        assert all(math.isfinite(float(p)) and float(p) > 0 for p in parity), row
+    summary = "\n".join(lines[lines.index("## Summary"):])
+    assert "fidelity (3 plans" in summary and "jit parity (2 manual plans" in summary
