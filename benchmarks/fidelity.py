@@ -170,10 +170,6 @@ class Row:
     seconds: float = 0.0
     error: str = ""
 
-    @property
-    def kind(self) -> str:
-        return "default" if self.plan == "default" else "manual" if self.plan in MANUAL else "tactic"
-
     def ratios(self) -> dict[str, float]:
         """estimated / XLA per figure (verify's Figure.ratio is the inverse)."""
         return {f.name: _ratio(f.estimated, f.measured) for f in self.fid.figures}
