@@ -29,11 +29,16 @@ class GPTConfig:
 
     `d_model` must be divisible by `heads`, and `heads` by `kv_heads` (key/value heads: None is
     one per query head; fewer is grouped-query attention, 1 is multi-query). With fewer key/value
-    heads the projections are separate ``q``/``k``/``v`` (as with `separate_qkv`). `dropout > 0` adds a `"rng"` entry (uint32[2] key data)
+    heads the projections are separate ``q``/``k``/``v`` (as with `separate_qkv`). `ffn` is the MLP
+    width (None: ``mlp_ratio * d_model``; Llama-2-70B's 28672 is 3.5 x 8192). `dropout > 0` adds a `"rng"` entry (uint32[2] key data)
     to the batch so that the train step stays a pure function.
 
     >>> GPTConfig(layers=4, scan=True).layers
     4
+    >>> llama2_70b = GPTConfig(vocab=32000, seq=4096, d_model=8192, heads=64, kv_heads=8, layers=80,
+    ...                        ffn=28672, gated_mlp=True, scan=True, remat=True)
+    >>> llama2_70b.head_dim, llama2_70b.hidden, llama2_70b.fused_qkv
+    (128, 28672, False)
     """
 
     vocab: int = 256
@@ -43,6 +48,7 @@ class GPTConfig:
     kv_heads: int | None = None
     layers: int = 2
     mlp_ratio: int = 4
+    ffn: int | None = None
     batch: int = 8
     scan: bool = False
     remat: bool = False
@@ -81,7 +87,7 @@ class GPTConfig:
 
     @property
     def hidden(self) -> int:
-        return self.mlp_ratio * self.d_model
+        return self.mlp_ratio * self.d_model if self.ffn is None else self.ffn
 
 
 def gpt_name(prefix: str, cfg: GPTConfig) -> str:

@@ -150,6 +150,7 @@ def test_documented_leaf_paths():
             paths["['blocks_0']['attn']['v']['bias']"], paths["['blocks_0']['attn']['out']['kernel']"]) == (
         (16, 4, 4), (16, 2, 4), (2, 4), (4, 4, 16))
     assert gqa.name == "gpt_linen_l2_kv2"
+    assert _paths(_gpt("nnx", ffn=24, gated_mlp=True).abstract()[0]["params"])["['blocks_0']['mlp']['gate']['kernel']"] == (16, 24)
     assert _gpt("linen", kv_heads=2).name == "gpt_linen_l2"  # kv_heads == heads: plain MHA, fused qkv
 
 
