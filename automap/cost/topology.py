@@ -163,6 +163,7 @@ class Topology:
     def __post_init__(self):
         object.__setattr__(self, "levels", tuple(self.levels))
         object.__setattr__(self, "links", dict(self.links))
+        object.__setattr__(self, "_links_memo", {})  # mesh (axis, size) pairs -> links_for's answer
         if not isinstance(self.device, DeviceSpec):
             raise TypeError(f"Topology.device must be a DeviceSpec, got {self.device!r}")
         for lv in self.levels:
@@ -204,7 +205,13 @@ class Topology:
         >>> t.links_for({"data": 16})["data"].bandwidth
         50000000000.0
         """
-        sizes = dict(axes)
+        key = tuple(axes.items())
+        got = self._links_memo.get(key)
+        if got is None:
+            got = self._links_memo[key] = self._links_for(dict(axes))
+        return dict(got)
+
+    def _links_for(self, sizes: dict[str, int]) -> dict[str, Link]:
         for axis, size in sizes.items():
             if not isinstance(size, (int, np.integer)) or size < 1:
                 raise ValueError(f"mesh axis {axis!r} has size {size!r}; sizes must be ints >= 1")
