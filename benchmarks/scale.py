@@ -62,13 +62,16 @@ def assignments(axes: list[str], max_tactics: int) -> dict[str, list]:
     return out
 
 
-def estimate(w, mesh, topology, schedule) -> tuple[float, int, float]:
-    """(estimated step s, peak bytes per device, plan s) of ``schedule`` (None: the default search)."""
+def estimate(w, mesh, topology, schedule) -> tuple[float, int, float, str]:
+    """(estimated step s, peak bytes per device, plan s, what the search chose) of ``schedule``
+    (None: the default search)."""
     options = {} if schedule is None else dict(tactics=schedule, search=None)
     t0 = time.perf_counter()
     plan = automap.partition(w.train_step, mesh=mesh, topology=topology, **options).plan(*w.abstract())
+    plan_s = time.perf_counter() - t0
     est = plan.estimate
-    return est.time_s, est.peak_memory_bytes, time.perf_counter() - t0
+    chose = "; ".join(n[len("search: "):] for n in plan.notes if n.startswith("search: "))
+    return est.time_s, est.peak_memory_bytes, plan_s, chose
 
 
 class Report:
@@ -85,13 +88,13 @@ class Report:
 def compare(out: Report, title: str, w, axes: dict, topology, schedules: dict[str, list]) -> None:
     mesh = automap.make_mesh(axes)
     budget = topology.device.memory_bytes
-    d_time, d_peak, d_plan = estimate(w, mesh, topology, None)
+    d_time, d_peak, d_plan, d_chose = estimate(w, mesh, topology, None)
     rows = [(name, *estimate(w, mesh, topology, s)[:2]) for name, s in schedules.items()]
     out(f"### {title}")
     out()
     out(f"mesh {axes}, topology {topology.name} "
         f"({', '.join(f'{a}: {l.bandwidth / 1e9:.0f} GB/s' for a, l in topology.links_for(axes).items())}), "
-        f"memory budget {budget / 2**30:.0f} GiB; default plan() {d_plan:.1f} s")
+        f"memory budget {budget / 2**30:.0f} GiB; default plan() {d_plan:.1f} s, its search chose: {d_chose}")
     out()
     out("| plan | est. step (s) | peak/device (GiB) | fits | schedule / default |")
     out("|---|---:|---:|---|---:|")
@@ -138,7 +141,7 @@ def part_axes(out: Report, args) -> None:
     out("|---|---:|---:|---:|")
     times = {}
     for name, axes in meshes.items():
-        t, _, plan_s = estimate(w, automap.make_mesh(axes), topology, None)
+        t, _, plan_s, _ = estimate(w, automap.make_mesh(axes), topology, None)
         times[name] = plan_s
         out(f"| {name} {axes} | {plan_s:.1f} | {t:.3f} | {plan_s / times['2 axes']:.2f} |")
     ratio = times["4 axes"] / times["2 axes"]
