@@ -5,9 +5,9 @@
 True
 """
 from automap.cost.collectives import collective_time, group_size, wire_bytes
-from automap.cost.estimate import Collective, Estimate, default_topology, estimate
+from automap.cost.estimate import Collective, Estimate, estimate
 from automap.cost.memory import MemoryEstimate, estimate_memory
-from automap.cost.topology import DeviceSpec, Level, Link, Topology, parse_bytes
+from automap.cost.topology import DeviceSpec, Level, Link, Topology, default_topology, parse_bytes
 
 __all__ = [
     "Collective", "DeviceSpec", "Estimate", "Level", "Link", "MemoryEstimate", "Topology",

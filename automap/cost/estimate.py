@@ -279,11 +279,3 @@ def _is_real_dot(program, op, fax, axes) -> bool:
     for f in op.rule.reduction_factors:
         contraction *= op.rule.factors[f].size // math.prod(axes[a] for a in fax.get(f, ()))
     return contraction > 1
-
-
-def default_topology() -> Topology:
-    """The preset matching the default JAX backend: cpu -> cpu-sim, gpu -> h100-8, tpu -> tpu-v5e-8."""
-    import jax
-
-    backend = jax.default_backend()
-    return Topology.preset({"gpu": "h100-8", "tpu": "tpu-v5e-8"}.get(backend, "cpu-sim"))

@@ -185,7 +185,9 @@ def estimate_memory(
         if v in donated:
             free.setdefault(size(v), collections.deque()).append(v)
     own: list[tuple[int, int]] = []  # (op id writing it (-1: an input passed through), bytes): own buffers
-    producer = {v: op.id for op in program.ops for v in op.outputs}
+    producer = program.memo.get("producer_of")
+    if producer is None:
+        producer = program.memo["producer_of"] = {v: op.id for op in program.ops for v in op.outputs}
     for v in outs:  # an output may reuse a donated input buffer of the same size (the first one left)
         nbytes = size(v)
         if free.get(nbytes):

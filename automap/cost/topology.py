@@ -19,6 +19,11 @@ tpu-v5p-2x64  2 x 64   459e12   95GiB   2.76e12  ici 64 200e9 1e-6; dcn 2 25e9 1
 cpu-sim       8        50e9     4GiB    10e9     host 8 5e9 1e-5
 ============  =======  =======  ======  =======  ==============================================
 
+`default_topology(num_devices)` sizes the backend's family to any device count: CPU simulation is
+one host of ``num_devices`` (cpu-sim's device and link), GPUs are nodes of 8 H100 over NVLink
+joined by InfiniBand (``h100-8x8`` for 64), TPUs are one v5e ICI slice of up to 256 chips, slices
+joined by DCN beyond that.
+
 FLOP/s are dense bf16 peaks; bandwidths are bytes/s per device per direction; latencies seconds.
 Where the numbers come from: H100 SXM NVLink 4 is 900 GB/s bidirectional per GPU (450e9 one
 way); InfiniBand NDR is 400 Gb/s per GPU (50e9 B/s). TPU v5e ICI is 1,600 Gb/s per chip
@@ -42,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Link", "DeviceSpec", "Level", "Topology", "parse_bytes"]
+__all__ = ["Link", "DeviceSpec", "Level", "Topology", "default_topology", "parse_bytes"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -158,6 +163,7 @@ class Topology:
     def __post_init__(self):
         object.__setattr__(self, "levels", tuple(self.levels))
         object.__setattr__(self, "links", dict(self.links))
+        object.__setattr__(self, "_links_memo", {})  # mesh (axis, size) pairs -> links_for's answer
         if not isinstance(self.device, DeviceSpec):
             raise TypeError(f"Topology.device must be a DeviceSpec, got {self.device!r}")
         for lv in self.levels:
@@ -199,7 +205,13 @@ class Topology:
         >>> t.links_for({"data": 16})["data"].bandwidth
         50000000000.0
         """
-        sizes = dict(axes)
+        key = tuple(axes.items())
+        got = self._links_memo.get(key)
+        if got is None:
+            got = self._links_memo[key] = self._links_for(dict(axes))
+        return dict(got)
+
+    def _links_for(self, sizes: dict[str, int]) -> dict[str, Link]:
         for axis, size in sizes.items():
             if not isinstance(size, (int, np.integer)) or size < 1:
                 raise ValueError(f"mesh axis {axis!r} has size {size!r}; sizes must be ints >= 1")
@@ -356,3 +368,42 @@ _PRESETS: dict[str, Topology] = {t.name: t for t in (
     Topology("cpu-sim", DeviceSpec("cpu", 50e9, "4GiB", 10e9),
              (Level(8, Link(5e9, 1e-5), "host"),)),
 )}
+
+
+
+def default_topology(num_devices: int | None = None, backend: str | None = None) -> Topology:
+    """The default machine of ``num_devices`` devices (default: ``jax.device_count()``) for
+    ``backend`` (default: ``jax.default_backend()``; anything but gpu and tpu is cpu): the presets
+    up to 8 devices (cpu-sim, h100-8, tpu-v5e-8); for more, cpu: one host of ``num_devices`` with
+    cpu-sim's link; gpu: nodes of 8 H100 over NVLink joined by InfiniBand (a partial last node
+    counts whole); tpu: one v5e ICI slice of up to 256 chips, slices of 256 joined by DCN.
+
+    >>> default_topology(8, "cpu") == Topology.preset("cpu-sim")
+    True
+    >>> default_topology(16, "gpu") == Topology.preset("h100-2x8")
+    True
+    >>> t = default_topology(64, "gpu")
+    >>> t.name, {a: l.bandwidth for a, l in t.links_for({"node": 8, "gpu": 8}).items()}
+    ('h100-8x8', {'node': 50000000000.0, 'gpu': 450000000000.0})
+    >>> [default_topology(n, b).name for n, b in [(1024, "cpu"), (64, "tpu"), (512, "tpu")]]
+    ['cpu-sim-1024', 'tpu-v5e-64', 'tpu-v5e-2x256']
+    """
+    import jax
+
+    n = jax.device_count() if num_devices is None else num_devices
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"default_topology: num_devices must be an int >= 1, got {num_devices!r}")
+    n = int(n)
+    backend = jax.default_backend() if backend is None else backend
+    if n <= 8:
+        return _PRESETS[{"gpu": "h100-8", "tpu": "tpu-v5e-8"}.get(backend, "cpu-sim")]
+    if backend == "gpu":
+        nodes = -(-n // 8)
+        return Topology(f"h100-{nodes}x8", _H100, (Level(8, _NVLINK, "nvlink"), Level(nodes, _IB, "infiniband")))
+    if backend == "tpu":
+        if n <= 256:
+            return Topology(f"tpu-v5e-{n}", _V5E, (Level(n, _ICI_V5E, "ici"),))
+        slices = -(-n // 256)
+        return Topology(f"tpu-v5e-{slices}x256", _V5E, (Level(256, _ICI_V5E, "ici"), Level(slices, _DCN, "dcn")))
+    sim = _PRESETS["cpu-sim"]
+    return Topology(f"cpu-sim-{n}", sim.device, (dataclasses.replace(sim.levels[0], size=n),))

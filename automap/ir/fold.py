@@ -9,14 +9,9 @@ already one value per kind.
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Iterable
 
 from automap.ir.program import Program
-
-
-def _h(*parts: object) -> str:
-    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
 
 
 def _static_params(params: dict) -> tuple:
@@ -30,25 +25,29 @@ def _static_params(params: dict) -> tuple:
     return tuple(out)
 
 
-def structural_labels(program: Program, rounds: int = 3) -> dict[int, str]:
-    """value id -> structural label (equal for the same value in identical layers)."""
-    labels = {v.id: _h(v.shape, str(v.dtype), v.kind if v.kind != "input" else "in") for v in program.values}
+def structural_labels(program: Program, rounds: int = 3) -> dict[int, int]:
+    """value id -> structural label (equal for the same value in identical layers).
+
+    Labels are small ints: each distinct key (a value's shape, dtype and kind; an op's primitive
+    and params by ``repr``, so ``1`` and ``1.0`` differ; then the labels a round combines) gets
+    the next int, so equal labels mean equal keys, exactly, with no hashing."""
+    ids: dict = {}
+    intern = lambda key: ids.setdefault(key, len(ids))  # noqa: E731
+    labels = {v.id: intern(("value", v.shape, str(v.dtype), v.kind if v.kind != "input" else "in"))
+              for v in program.values}
     ops = program.all_ops
-    op_static = {op.id: _h(op.primitive, _static_params(op.params)) for op in ops}
+    op_static = {op.id: intern(("op", repr((op.primitive, _static_params(op.params))))) for op in ops}
     readers: dict[int, list[tuple[int, int]]] = {}
     for op in ops:
         for pos, v in enumerate(op.inputs):
             readers.setdefault(v, []).append((op.id, pos))
     for _ in range(rounds):
         op_label = {
-            op.id: _h(op_static[op.id], tuple(labels[v] for v in op.inputs), tuple(labels[v] for v in op.outputs))
+            op.id: intern((op_static[op.id], tuple(labels[v] for v in op.inputs), tuple(labels[v] for v in op.outputs)))
             for op in ops
         }
-        new = {}
-        for v in program.values:
-            context = sorted((op_label[o], pos) for o, pos in readers.get(v.id, ()))
-            new[v.id] = _h(labels[v.id], context)
-        labels = new
+        labels = {v.id: intern((labels[v.id], tuple(sorted((op_label[o], pos) for o, pos in readers.get(v.id, ())))))
+                  for v in program.values}
     return labels
 
 
@@ -65,7 +64,7 @@ def fold(program: Program, values: Iterable[int], rounds: int = 3) -> list[tuple
     3
     """
     labels = structural_labels(program, rounds)
-    groups: dict[str, list[int]] = {}
+    groups: dict[int, list[int]] = {}
     for v in values:
         groups.setdefault(labels[v], []).append(v)
     return [tuple(g) for g in groups.values()]

@@ -8,6 +8,8 @@ Parameter leaves (paths from the train state; ``L`` = layers, ``D`` = d_model, `
     params/blocks_{i}/ln1/{scale,bias}  (D,)
     params/blocks_{i}/attn/qkv/kernel   (D, 3, H, Dh)     bias (3, H, Dh)
     params/blocks_{i}/attn/{q,k,v}/kernel (D, H, Dh)      bias (H, Dh)    [separate_qkv=True]
+    params/blocks_{i}/attn/q/kernel     (D, H, Dh)        bias (H, Dh)    [kv_heads=K < H]
+    params/blocks_{i}/attn/{k,v}/kernel (D, K, Dh)        bias (K, Dh)    [kv_heads=K < H]
     params/blocks_{i}/attn/out/kernel   (H, Dh, D)        bias (D,)
     params/blocks_{i}/ln2/{scale,bias}  (D,)
     params/blocks_{i}/mlp/up/kernel     (D, F)            bias (F,)
@@ -66,14 +68,16 @@ class _Module(nn.Module):
 
 
 class Attention(_Module):
-    """Causal multi-head self-attention (fused ``qkv`` or separate ``q``/``k``/``v``)."""
+    """Causal multi-head self-attention (fused ``qkv`` or separate ``q``/``k``/``v``; grouped
+    key/value heads with ``cfg.kv_heads``)."""
 
     @nn.compact
     def __call__(self, x):
         cfg = self.cfg
         dense = functools.partial(nn.DenseGeneral, kernel_init=_INIT)
-        if cfg.separate_qkv:
-            q, k, v = (dense((cfg.heads, cfg.head_dim), name=n)(x) for n in ("q", "k", "v"))
+        if not cfg.fused_qkv:
+            q = dense((cfg.heads, cfg.head_dim), name="q")(x)
+            k, v = (dense((cfg.num_kv_heads, cfg.head_dim), name=n)(x) for n in ("k", "v"))
         else:
             qkv = dense((3, cfg.heads, cfg.head_dim), name="qkv")(x)
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]

@@ -48,20 +48,22 @@ def _split(key, n):
 
 
 class Attention(nnx.Module):
-    """Causal multi-head self-attention (fused ``qkv`` or separate ``q``/``k``/``v``)."""
+    """Causal multi-head self-attention (fused ``qkv`` or separate ``q``/``k``/``v``; grouped
+    key/value heads with ``cfg.kv_heads``)."""
 
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         lin = functools.partial(nnx.LinearGeneral, kernel_init=_INIT, rngs=rngs)
         heads = (cfg.heads, cfg.head_dim)
-        if cfg.separate_qkv:
-            self.q, self.k, self.v = (lin(cfg.d_model, heads) for _ in range(3))
+        if not cfg.fused_qkv:
+            self.q = lin(cfg.d_model, heads)
+            self.k, self.v = (lin(cfg.d_model, (cfg.num_kv_heads, cfg.head_dim)) for _ in range(2))
         else:
             self.qkv = lin(cfg.d_model, (3,) + heads)
         self.out = lin(heads, cfg.d_model, axis=(-2, -1))
 
     def __call__(self, x, key=None):
-        if self.cfg.separate_qkv:
+        if not self.cfg.fused_qkv:
             q, k, v = self.q(x), self.k(x), self.v(x)
         else:
             qkv = self.qkv(x)

@@ -205,13 +205,28 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
 def causal_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, *, rate: float = 0.0, key: jax.Array | None = None
 ) -> jax.Array:
-    """Causal softmax attention over ``[batch, seq, heads, head_dim]`` inputs, same layout out."""
-    seq, head_dim = q.shape[1], q.shape[-1]
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(head_dim)).astype(q.dtype)
+    """Causal softmax attention over ``[batch, seq, heads, head_dim]`` inputs, same layout out.
+
+    With fewer key/value heads than query heads (GQA; MQA with one), each key/value head serves a
+    group of ``heads // kv_heads`` consecutive query heads.
+    """
+    b, seq, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    scale = lambda: jnp.sqrt(jnp.float32(head_dim)).astype(q.dtype)  # noqa: E731 (traced where it was)
+    if kv_heads == heads:
+        probs = _causal_probs(jnp.einsum("bqhd,bkhd->bhqk", q, k) / scale(), rate, key)
+        return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    q = q.reshape(b, seq, kv_heads, heads // kv_heads, head_dim)  # query groups
+    probs = _causal_probs(jnp.einsum("bqkgd,bskd->bkgqs", q, k) / scale(), rate, key)
+    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, seq, heads, head_dim)
+
+
+def _causal_probs(logits: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+    """Softmax over the last (key) axis with future keys masked; the query axis is second last."""
+    seq = logits.shape[-1]
     mask = jnp.tril(jnp.ones((seq, seq), dtype=bool))
     logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-    probs = dropout(jax.nn.softmax(logits, axis=-1), rate, key)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    return dropout(jax.nn.softmax(logits, axis=-1), rate, key)
 
 
 def lm_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:

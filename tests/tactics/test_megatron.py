@@ -41,6 +41,9 @@ GPT_VARIANTS = [
     ("linen", dict(gated_mlp=True, separate_qkv=True), True),
     ("nnx", dict(gated_mlp=True, separate_qkv=True, scan=True), False),
     ("linen", dict(dropout=0.1, scan=True, remat=True), False),
+    ("linen", dict(heads=8, kv_heads=4), True),  # GQA: 2 query heads per k/v head, heads over model=4
+    ("nnx", dict(heads=8, kv_heads=4, scan=True), False),
+    ("linen", dict(kv_heads=1), False),  # MQA: query heads over model, the one k/v head replicated
 ]
 
 
@@ -81,7 +84,8 @@ def _mismatches(plan, want_tree):
 @pytest.mark.parametrize("front, overrides, compile_", GPT_VARIANTS,
                          ids=[f"{f}-{'-'.join(k for k, v in o.items() if v) or 'plain'}" for f, o, _ in GPT_VARIANTS])
 def test_megatron_finds_the_expert_plan_on_gpt(front, overrides, compile_):
-    w = FRONTS[front](zoo.GPTConfig(**CFG, **overrides))
+    cfg = zoo.GPTConfig(**{**CFG, **overrides})
+    w = FRONTS[front](cfg)
     state, batch = w.init(0) if compile_ else w.abstract()
     step = automap.automap(w.train_step, mesh=MESH, tactics=[TP])
     plan = step.plan(state, batch)
@@ -99,7 +103,7 @@ def test_megatron_finds_the_expert_plan_on_gpt(front, overrides, compile_):
     assert sum("vocab-parallel head" in n for n in plan.notes) == 1
     if front == "linen":
         layer = "blocks" if overrides.get("scan") else "blocks_0"
-        q = "q" if overrides.get("separate_qkv") else "qkv"
+        q = "qkv" if cfg.fused_qkv else "q"
         up = "gate" if overrides.get("gated_mlp") else "up"
         assert f"megatron('model'): column GPT/{layer}/attn/{q} paired with row GPT/{layer}/attn/out" in plan.notes
         assert f"megatron('model'): column GPT/{layer}/mlp/{up} paired with row GPT/{layer}/mlp/down" in plan.notes

@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from automap.cost import DeviceSpec, Level, Link, Topology, parse_bytes
+from automap.cost import DeviceSpec, Level, Link, Topology, default_topology, parse_bytes
 
 NV, IB = 450e9, 50e9
 
@@ -87,6 +87,35 @@ def test_explicit_links_override_hierarchy():
     assert _bw(het, {"pp": 4, "dp": 8, "tp": 8}) == {"pp": 1e9, "dp": 25e9, "tp": NV}
     assert het.with_links(pp=Link(2e9, 1e-4)).links["pp"].bandwidth == 2e9
     assert het.links["pp"].bandwidth == 1e9  # with_links does not mutate
+
+
+# devices, backend -> name, devices in the hierarchy, mesh (in order) and its bandwidth per axis
+DEFAULT_CASES = [
+    (8, "cpu", "cpu-sim", 8, {"data": 2, "model": 4}, {"data": 5e9, "model": 5e9}),
+    (4, "gpu", "h100-8", 8, {"data": 4}, {"data": NV}),
+    (64, "cpu", "cpu-sim-64", 64, {"data": 8, "model": 8}, {"data": 5e9, "model": 5e9}),
+    (1000, "cpu", "cpu-sim-1000", 1000, {"data": 1000}, {"data": 5e9}),
+    (16, "gpu", "h100-2x8", 16, {"data": 2, "model": 8}, {"data": IB, "model": NV}),
+    (64, "gpu", "h100-8x8", 64, {"node": 8, "gpu": 8}, {"node": IB, "gpu": NV}),
+    (64, "gpu", "h100-8x8", 64, {"gpu": 8, "node": 8}, {"gpu": IB, "node": NV}),
+    (12, "gpu", "h100-2x8", 16, {"data": 12}, {"data": IB}),  # a partial node counts whole
+    (64, "tpu", "tpu-v5e-64", 64, {"data": 64}, {"data": 100e9}),
+    (512, "tpu", "tpu-v5e-2x256", 512, {"dcn": 2, "ici": 256}, {"dcn": 25e9, "ici": 100e9}),
+]
+
+
+@pytest.mark.parametrize("n,backend,name,devices,mesh,want", DEFAULT_CASES)
+def test_default_topology_fits_any_device_count(n, backend, name, devices, mesh, want):
+    t = default_topology(n, backend)
+    assert (t.name, t.num_devices, _bw(t, mesh)) == (name, devices, want)
+    if name in Topology.presets():
+        assert t == Topology.preset(name)
+
+
+def test_default_topology_of_the_test_backend():
+    assert default_topology() == Topology.preset("cpu-sim")  # 8 simulated CPU devices
+    with pytest.raises(ValueError, match="num_devices must be an int >= 1"):
+        default_topology(0)
 
 
 @pytest.mark.parametrize("topology,mesh,match", [

@@ -114,7 +114,8 @@ def test_names_and_batch_layout():
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, dict(scan=True), dict(gated_mlp=True, separate_qkv=True, scan=True, remat=True)],
+    [{}, dict(scan=True), dict(gated_mlp=True, separate_qkv=True, scan=True, remat=True),
+     dict(heads=4, kv_heads=2, scan=True)],
 )
 def test_linen_and_nnx_share_layout_and_math(overrides):
     linen, nnx = _gpt("linen", **overrides), _gpt("nnx", **overrides)
@@ -143,6 +144,31 @@ def test_documented_leaf_paths():
     assert paths["['blocks_1']['attn']['q']['kernel']"] == (16, 2, 8)
     assert paths["['blocks_1']['attn']['v']['bias']"] == (2, 8)
     assert "['blocks_1']['attn']['qkv']['kernel']" not in paths
+    gqa = _gpt("linen", heads=4, kv_heads=2)
+    paths = _paths(gqa.abstract()[0]["params"])
+    assert (paths["['blocks_0']['attn']['q']['kernel']"], paths["['blocks_0']['attn']['k']['kernel']"],
+            paths["['blocks_0']['attn']['v']['bias']"], paths["['blocks_0']['attn']['out']['kernel']"]) == (
+        (16, 4, 4), (16, 2, 4), (2, 4), (4, 4, 16))
+    assert gqa.name == "gpt_linen_l2_kv2"
+    assert _paths(_gpt("nnx", ffn=24, gated_mlp=True).abstract()[0]["params"])["['blocks_0']['mlp']['gate']['kernel']"] == (16, 24)
+    assert _gpt("linen", kv_heads=2).name == "gpt_linen_l2"  # kv_heads == heads: plain MHA, fused qkv
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_attention_is_attention_with_repeated_kv_heads(kv_heads):
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 5, h, 3)) for i, h in enumerate((4, kv_heads, kv_heads)))
+    repeat = functools.partial(jnp.repeat, repeats=4 // kv_heads, axis=2)  # kv head j serves queries of group j
+    np.testing.assert_allclose(zoo.train.causal_attention(q, k, v),
+                               zoo.train.causal_attention(q, repeat(k), repeat(v)), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(heads=4, kv_heads=3), "heads=4 is not a multiple of kv_heads=3"),
+    (dict(heads=4, kv_heads=0), "heads=4 is not a multiple of kv_heads=0"),
+])
+def test_gpt_config_errors(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        zoo.GPTConfig(**overrides)
 
 
 @pytest.mark.parametrize("front", FRONTS)
