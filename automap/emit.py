@@ -22,7 +22,7 @@ from automap.propagate import propagate
 from automap.rules import traits_of
 from automap.shardings import ShardingState, to_partition_spec
 
-PinPolicy = Literal["plan", "decisions", "anchors", "all", "none"]
+PinPolicy = Literal["plan", "anchors", "all", "none"]
 
 
 def pinned_values(state: ShardingState, policy: PinPolicy = "plan") -> frozenset[int]:
@@ -32,10 +32,12 @@ def pinned_values(state: ShardingState, policy: PinPolicy = "plan") -> frozenset
     whose planned layout differs from what propagation from the inputs alone gives) and, when it
     decided any, both sides of every resharding the cost model priced (:func:`resharded_values`);
     XLA is free elsewhere. A plan that decided only its inputs pins nothing: it compiles to what
-    ``jax.jit`` makes of the same in/out shardings. ``decisions``: only the decided values. ``anchors``: results of the ops whose traits say
-    ``emit="pin"`` (contractions and embedding lookups/updates), whatever the plan decided;
-    ``all``: every intermediate; ``none``: only the inputs and outputs are fixed. Values inside
-    ``cond``/``while`` (re-bound as they were), inputs, scalars and keys are never pinned.
+    ``jax.jit`` makes of the same in/out shardings (pinning the priced reshardings of such a plan
+    as well compiled to 1.35-1.48x jax.jit's bytes sent under FSDP specs: ``benchmarks/jit_parity.py``).
+    ``anchors``: results of the ops whose traits say ``emit="pin"`` (contractions and embedding
+    lookups/updates), whatever the plan decided; ``all``: every intermediate; ``none``: only the
+    inputs and outputs are fixed. Values inside ``cond``/``while`` (re-bound as they were),
+    inputs, scalars and keys are never pinned.
     """
     if policy == "none":
         return frozenset()
@@ -44,9 +46,9 @@ def pinned_values(state: ShardingState, policy: PinPolicy = "plan") -> frozenset
         return frozenset(pinnable)
     if policy == "anchors":
         return frozenset(v for v, op in pinnable.items() if traits_of(op.primitive).pinned)
-    if policy in ("plan", "decisions"):
+    if policy == "plan":
         decided = decided_values(state)
-        if policy == "plan" and decided:
+        if decided:
             decided = decided | resharded_values(state)
         return frozenset(v for v in decided if v in pinnable)
     raise ValueError(f"unknown pin policy {policy!r}")

@@ -181,7 +181,6 @@ EXP_X, EXP_W = rand(0, 8, 16), rand(1, 16, 4)
 
 @pytest.mark.parametrize("policy, pinned, compiled", [
     ("plan", ["dot_general", "exp"], {"all-reduce": (1, 4 * 4 * 4)}),  # as planned (and estimated)
-    ("decisions", ["exp"], {"all-reduce": (1, 4 * 4 * 4)}),
     ("anchors", ["dot_general"], {}),  # the decision is lost: exp computed whole over model
     ("none", [], {}),
 ])
