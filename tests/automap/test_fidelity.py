@@ -192,3 +192,22 @@ def test_convolution_flops_are_dot_flops_as_xla_counts_them(tactic):
     fid = f.verify(w, x, warn=False)
     assert fid.dot_flops.measured > 0
     assert fid.dot_flops.estimated == fid.dot_flops.measured
+
+
+def test_zero1_decision_is_compiled_as_planned_and_the_arbiter_keeps_xlas_cheaper_program():
+    """ZeRO-1 keeps the gradients whole (frozen: a decision on intermediates). Pinned by plan
+    decision, XLA compiles exactly the estimate's collectives; left free it reduce-scatters the
+    gradients (ZeRO-2's program), which sends fewer bytes: the default arbiter keeps that one."""
+    w = zoo.mlp(zoo.MLPConfig())
+    state, batch = w.init(0)
+    step = automap.automap(w.train_step, mesh=automap.make_mesh({"data": 8}), tactics=[tactics.zero(1)])
+    plan = step.plan(state, batch)
+    grads = {v for v in plan.pins if plan.program.values[v].phase == "backward"}
+    assert grads and plan.pins <= automap.emit.decided_values(plan.state) | automap.emit.resharded_values(plan.state)
+    np.testing.assert_allclose(step(state, batch)[1], jax.jit(w.train_step)(state, batch)[1], rtol=1e-5)
+    arbitration = plan.measured["arbitration"]
+    (pinned,) = arbitration.others
+    assert (arbitration.kept.name, pinned.name) == ("inputs-only", "pinned")
+    assert pinned.bytes_sent == plan.estimate.wire_bytes  # the plan, as estimated
+    assert pinned.measurement.count("reduce-scatter") == 0
+    assert arbitration.kept.bytes_sent < pinned.bytes_sent and arbitration.kept.measurement.count("reduce-scatter")
