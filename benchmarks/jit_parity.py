@@ -155,11 +155,26 @@ def main(argv=None):
                            jit_mem=_ratio(m.memory_per_device, ref.memory_per_device) if ref else None, secs=secs)
                 rows.append(row)
                 _print(row)
+    summary(rows)
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
+
+
+def summary(rows):
+    """Per policy: the worst ratio to jax.jit over the experts' specs (target <= 1.05) and how
+    many rows the estimate holds for (bytes sent within 10%, memory within 25%)."""
+    print("\npolicy    worst /jit sent  worst /jit mem   bytes within 10%   memory within 25%")
+    for policy in dict.fromkeys(r["pins"] for r in rows if r["pins"] != "jit"):
+        got = [r for r in rows if r["pins"] == policy]
+        specs = [r for r in got if r["jit_sent"] is not None]
+        sent = sum(abs(_ratio(r["sent"], r["est_sent"]) - 1) <= 0.10 for r in got)
+        mem = sum(abs(_ratio(r["mem"], r["est_mem"]) - 1) <= 0.25 for r in got)
+        worst_sent = max((r["jit_sent"] for r in specs), default=float("nan"))
+        worst_mem = max((r["jit_mem"] for r in specs), default=float("nan"))
+        print(f"{policy:<10}{worst_sent:>15.2f}{worst_mem:>16.2f}{sent:>12}/{len(got)}{mem:>16}/{len(got)}")
 
 
 def _ratio(a, b):
