@@ -225,9 +225,9 @@ class Partitioned:
         static_argnums: Sequence[int] = (),
         static_argnames: str | Sequence[str] | None = None,
         strict: bool = False,
-        pins: emit.PinPolicy = "anchors",
+        pins: emit.PinPolicy = "plan",
         plan: Plan | Any | str | os.PathLike | None = None,
-        arbiter: Arbiter = None,
+        arbiter: Arbiter = "auto",
     ):
         from automap.plan_io import StoredPlan
 
@@ -341,12 +341,10 @@ class Partitioned:
                 return lambda: emit.compile_plan(plan.state, self._emit_mesh, pins=pins, out_specs=outs,
                                                  donate_argnums=donate)
 
-            if not affordable(self.arbiter, plan.program):
+            if not plan.pins or not affordable(self.arbiter, plan.program):  # no pins: jax.jit's own program
                 self._compiled[id(plan)] = (program(plan.pins)(), None)
             else:
-                candidates = {"pinned": program(plan.pins)}
-                if plan.pins:
-                    candidates["inputs-only"] = program(frozenset())
+                candidates = {"pinned": program(plan.pins), "inputs-only": program(frozenset())}
                 arbitration = arbitrate(candidates, [abstractify(x) for x in args])
                 plan.measured["arbitration"] = arbitration
                 self._compiled[id(plan)] = (arbitration.kept.jitted, arbitration.kept.compiled)
@@ -387,9 +385,10 @@ def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
     batch is sharded over every mesh axis that divides it), ``memory_budget``, ``topology``,
     ``donate_argnums``, ``static_argnums``, ``static_argnames`` (as ``jax.jit``; keyword arguments
     of a call are bound to positions, see :mod:`automap.call_args`), ``strict`` (error on primitives
-    without a rule), ``pins`` (which intermediates get sharding constraints), ``arbiter`` (``None``,
-    the default: the pinned program; ``"auto"``: for small programs, compile the inputs-only
-    program too and keep the better by XLA's measure, see :mod:`automap.arbiter`; ``"always"``;
+    without a rule), ``pins`` (which intermediates get sharding constraints, default ``"plan"``: those whose
+    layout the plan decided, see :func:`automap.emit.pinned_values`), ``arbiter`` (``"auto"``, the
+    default: a small program with pins is compiled inputs-only too and the better by XLA's measure
+    kept, see :mod:`automap.arbiter`; ``None``: the pinned program; ``"always"``;
     ``"search"``: the search's final candidates are compiled and measured too), ``plan`` (a fixed Plan, or a plan
     file's path / :meth:`Plan.load` result: no tactics or search run, the stored specs are used
     after checking the function's fingerprint and the mesh).

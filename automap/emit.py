@@ -8,6 +8,7 @@ are wrapped in ``jax.checkpoint`` again, ``cond``/``while`` are re-bound as they
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Iterable, Literal, Sequence
 
 import jax
@@ -15,37 +16,98 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from automap import _compat
+from automap.analysis import reshards
 from automap.ir.program import Op, Program
+from automap.propagate import propagate
 from automap.rules import traits_of
 from automap.shardings import ShardingState, to_partition_spec
 
-PinPolicy = Literal["all", "anchors", "none"]
+PinPolicy = Literal["plan", "anchors", "all", "none"]
 
 
-def pinned_values(state: ShardingState, policy: PinPolicy = "anchors") -> frozenset[int]:
+def pinned_values(state: ShardingState, policy: PinPolicy = "plan") -> frozenset[int]:
     """The values that get a sharding constraint.
 
-    ``anchors``: results of the ops whose traits say ``emit="pin"``: contractions and embedding
-    lookups/updates (what fixes the layout of the activations, e.g. batch-sharded under FSDP),
-    whatever their spec; ``all``: every
-    intermediate; ``none``: only the inputs and outputs are fixed.
+    ``plan`` (the default): what the plan decided (:func:`decided_values`: every intermediate
+    whose planned layout differs from what propagation from the inputs alone gives) and, when it
+    decided any, both sides of every resharding the cost model priced (:func:`resharded_values`);
+    XLA is free elsewhere. A plan that decided only its inputs pins nothing: it compiles to what
+    ``jax.jit`` makes of the same in/out shardings (pinning the priced reshardings of such a plan
+    as well compiled to 1.35-1.48x jax.jit's bytes sent under FSDP specs: ``benchmarks/jit_parity.py``).
+    ``anchors``: results of the ops whose traits say ``emit="pin"`` (contractions and embedding
+    lookups/updates), whatever the plan decided; ``all``: every intermediate; ``none``: only the
+    inputs and outputs are fixed. Values inside ``cond``/``while`` (re-bound as they were),
+    inputs, scalars and keys are never pinned.
     """
     if policy == "none":
         return frozenset()
-    program = state.program
-    out = set()
+    pinnable = _pinnable(state.program)
+    if policy == "all":
+        return frozenset(pinnable)
+    if policy == "anchors":
+        return frozenset(v for v, op in pinnable.items() if traits_of(op.primitive).pinned)
+    if policy == "plan":
+        decided = decided_values(state)
+        if decided:
+            decided = decided | resharded_values(state)
+        return frozenset(v for v in decided if v in pinnable)
+    raise ValueError(f"unknown pin policy {policy!r}")
+
+
+def _pinnable(program: Program) -> dict[int, Op]:
+    """Value id -> the op making it, for every value a constraint can reach (top level and
+    ``scan`` bodies, which are replayed with a rewritten body)."""
+    out: dict[int, Op] = {}
 
     def visit(ops: Sequence[Op]) -> None:
         for op in ops:
-            if op.primitive == "scan":  # replayed with a rewritten body: its values can be pinned
+            if op.primitive == "scan":
                 for region in op.regions:
                     visit(region.ops)
-            elif op.regions:  # cond/while are re-bound as they were: nothing inside is pinned
-                continue
-            elif policy == "all" or traits_of(op.primitive).pinned:
-                out.update(v for v in op.outputs if _constrainable(program, v))
+            elif not op.regions:  # cond/while are re-bound as they were: nothing inside is pinned
+                out.update((v, op) for v in op.outputs if _constrainable(program, v))
 
     visit(program.ops)
+    return out
+
+
+def unplanned(state: ShardingState) -> ShardingState:
+    """The layout propagation gives from the plan's input specs alone (each input dim at the
+    priority of the decision that set it): the plan itself when it decided nothing but the inputs."""
+    program = state.program
+    levels: dict[int, list[tuple[int, int]]] = {}  # priority -> the input dims it set
+    for v in program.inputs:
+        for d, axes in enumerate(state.spec(v)):
+            if axes:
+                levels.setdefault(state.priority.get((v, d), 0), []).append((v, d))
+    free = ShardingState(program, state.axes, frozen=frozenset(program.inputs), next_priority=state.next_priority)
+    for p in sorted(levels):  # in the order they were decided: the earlier wins where they meet
+        specs, prio = dict(free.specs), dict(free.priority)
+        for v, d in levels[p]:
+            spec = list(specs.get(v) or tuple(() for _ in program.values[v].shape))
+            spec[d] = state.spec(v)[d]
+            specs[v], prio[(v, d)] = tuple(spec), p
+        free = propagate(free.replace(specs=specs, priority=prio), [v for v, _ in levels[p]])
+    return free
+
+
+def decided_values(state: ShardingState) -> frozenset[int]:
+    """The intermediates whose planned spec differs from :func:`unplanned`'s: the plan's decisions
+    past its inputs (a resharded activation, sequence parallelism, a user's ``shard_map``
+    boundary). Program outputs are fixed by ``out_shardings`` and not counted."""
+    free = unplanned(state)
+    outputs = set(state.program.outputs)
+    return frozenset(v for v in _pinnable(state.program) if v not in outputs and state.spec(v) != free.spec(v))
+
+
+def resharded_values(state: ShardingState) -> frozenset[int]:
+    """Both sides of every collective the cost model priced: a resharded operand as it is and the
+    results of the op that needs it otherwise; a resharded result and the op's other results."""
+    ops = {op.id: op for op in state.program.all_ops}
+    out: set[int] = set()
+    for r in reshards(state):
+        out.add(r.value)
+        out.update(ops[r.op].outputs)
     return frozenset(out)
 
 
@@ -115,10 +177,11 @@ class _Replay:
         args = [self.get(env, v) for v in op.inputs]
         if traits_of(op.primitive).emit == "whole_cut_operand" and op.inputs and op.inputs[0] in self.shared:
             args[0] = self.whole_cut_dims(op, args[0])
-        if op.primitive == "scan":
-            outs = self.run_scan(op, args)
-        else:
-            outs = _compat.replay_eqn(op.eqn, args)
+        with jax.named_scope(op_scope(op)):  # the HLO's op_name metadata names automap's op
+            if op.primitive == "scan":
+                outs = self.run_scan(op, args)
+            else:
+                outs = _compat.replay_eqn(op.eqn, args)
         for vid, x in zip(op.outputs, outs, strict=True):
             self.put(env, vid, x)
 
@@ -158,6 +221,33 @@ class _Replay:
             body, list(init), list(xs), length=p["length"], reverse=p["reverse"], unroll=p.get("unroll", 1)
         )
         return list(carry) + list(ys)
+
+
+def op_scope(op: Op) -> str:
+    """The name scope an op is replayed in: its module path and ``#`` its id, so the compiled
+    HLO's ``op_name`` metadata reads e.g. ``jit(fn)/GPT/blocks_0/attn #12/dot_general``
+    (:func:`ops_of_metadata` reads the id back)."""
+    return f"{op.name} #{op.id}" if op.name else f"#{op.id}"
+
+
+_OP_ID = re.compile(r" ?#(\d+)/")
+
+
+def ops_of_metadata(op_name: str) -> list[int]:
+    """The ids of the automap ops an HLO ``op_name`` names: the innermost of each name XLA joined
+    with ``:`` when it combined instructions (``jit(fn)/(a #1/x:b #2/y)``); empty if none.
+
+    >>> ops_of_metadata("jit(fn)/GPT #3/attn #12/dot_general"), ops_of_metadata("jit(fn)/(a #1/x:b #2/y)")
+    ([12], [1, 2])
+    >>> ops_of_metadata("jit(fn)/add")
+    []
+    """
+    out = []
+    for part in op_name.split(":"):
+        got = _OP_ID.findall(part)
+        if got and int(got[-1]) not in out:
+            out.append(int(got[-1]))
+    return out
 
 
 def _shared_values(program: Program) -> frozenset[int]:

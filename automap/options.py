@@ -71,7 +71,7 @@ def check_pins(pins: Any) -> None:
     allowed = get_args(PinPolicy)
     if not isinstance(pins, str) or pins not in allowed:
         raise ValueError(f"pins={pins!r}: pins must be one of {list(allowed)} (which intermediates get sharding "
-                         "constraints; the default is 'anchors')")
+                         "constraints; the default is 'plan')")
 
 
 def check_argnums(name: str, argnums: Any) -> tuple[int, ...]:

@@ -73,7 +73,7 @@ def make_plan(
     tactics: Sequence[Any] | None = None,
     static_argnums: Sequence[int] = (),
     strict: bool = False,
-    pins: emit.PinPolicy = "anchors",
+    pins: emit.PinPolicy = "plan",
     topology: Any = None,
     donate_argnums: Sequence[int] = (),
     search: Any = "auto",

@@ -5,7 +5,9 @@ runs) returns a :class:`Fidelity`: bytes sent per device (``wire_bytes`` on both
 per device and dot FLOPs, estimated and measured, and the collectives per kind and mesh axes.
 Its ``str`` is a table that names where the two disagree: the ops the plan expected a collective
 at that XLA did not emit one for, and what XLA emitted that the plan did not expect (named by
-the HLO's ``op_name`` metadata). Figures off by more than the targets (bytes sent 10%, memory
+the HLO's ``op_name`` metadata), and, op by op (:class:`OpRow`: emission replays each op in a
+name scope carrying its id, :func:`automap.emit.op_scope`), where XLA's collectives differ from
+the plan's. Figures off by more than the targets (bytes sent 10%, memory
 25%, FLOPs 5%; :data:`TOLERANCES`) warn with a :class:`FidelityWarning`.
 
 Collectives are attributed to mesh axes from their replica groups (the mesh axes along which the
@@ -24,7 +26,7 @@ import numpy as np
 from automap.measure import KINDS, CollectiveOp, Measurement, measure
 from automap.report import human_bytes
 
-__all__ = ["Fidelity", "FidelityWarning", "Figure", "CollectiveRow", "TOLERANCES", "verify", "op_axes"]
+__all__ = ["Fidelity", "FidelityWarning", "Figure", "CollectiveRow", "OpRow", "TOLERANCES", "verify", "op_axes"]
 
 TOLERANCES: Mapping[str, float] = {"bytes sent": 0.10, "memory": 0.25, "dot FLOPs": 0.05}
 
@@ -79,6 +81,39 @@ class CollectiveRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class OpRow:
+    """The collectives at one of the plan's ops: the cost model's and those XLA emitted there
+    (attributed by the ``#id`` that emission writes into the HLO's ``op_name`` metadata; XLA
+    combines collectives of one kind into one, which then carries one op's name)."""
+
+    op: int
+    label: str  # "dot_general at GPT/blocks_0/attn"
+    estimated: tuple[tuple[str, tuple[str, ...]], ...]  # (kind, axes), one per collective
+    estimated_bytes: float
+    measured: tuple[tuple[str, tuple[str, ...]], ...]
+    measured_bytes: float
+
+    @property
+    def differs(self) -> bool:
+        """Other kinds or axes, or bytes sent off by more than the bytes target."""
+        if sorted(set(self.estimated)) != sorted(set(self.measured)):
+            return True
+        return abs(self.measured_bytes - self.estimated_bytes) > TOLERANCES["bytes sent"] * max(
+            self.estimated_bytes, self.measured_bytes)
+
+    def __str__(self) -> str:
+        return (f"#{self.op} {self.label}: plan {_kinds(self.estimated)} {human_bytes(self.estimated_bytes)}; "
+                f"XLA {_kinds(self.measured)} {human_bytes(self.measured_bytes)}")
+
+
+def _kinds(kinds: Sequence[tuple[str, tuple[str, ...]]]) -> str:
+    if not kinds:
+        return "none"
+    counts = collections.Counter(f"{k} over {'+'.join(a) or '-'}" for k, a in kinds)
+    return ", ".join(f"{n} x{c}" if c > 1 else n for n, c in sorted(counts.items()))
+
+
+@dataclasses.dataclass(frozen=True)
 class Fidelity:
     """The compiled program's measure against the plan's estimate (all figures per device)."""
 
@@ -87,6 +122,12 @@ class Fidelity:
     dot_flops: Figure
     collectives: tuple[CollectiveRow, ...]
     measurement: Measurement
+    ops: tuple[OpRow, ...] = ()  # per plan op with collectives on either side, largest gap first
+    unattributed_bytes: float = 0.0  # bytes sent by collectives whose metadata names no plan op
+
+    def differing_ops(self) -> tuple[OpRow, ...]:
+        """The ops where XLA's collectives differ from the plan's (:attr:`OpRow.differs`)."""
+        return tuple(r for r in self.ops if r.differs)
 
     @property
     def figures(self) -> tuple[Figure, ...]:
@@ -125,6 +166,14 @@ class Fidelity:
                 lines.append(f"      emitted by XLA, not expected by the plan: {_listing(r.emitted_at)}")
             elif r.ratio is not None and abs(r.ratio - 1) > TOLERANCES["bytes sent"]:
                 lines.append(f"      plan: {_listing(r.expected_at)}; XLA: {_listing(r.emitted_at)}")
+        differing = self.differing_ops()
+        if differing:
+            lines.append(f"  ops where XLA's collectives differ from the plan's ({len(differing)}, largest first):")
+            lines.extend(f"    {r}" for r in differing[:8])
+            if len(differing) > 8:
+                lines.append(f"    and {len(differing) - 8} more (Fidelity.differing_ops())")
+        if self.unattributed_bytes:
+            lines.append(f"  XLA collectives naming no op of the plan: {human_bytes(self.unattributed_bytes)} sent")
         return "\n".join(lines)
 
 
@@ -178,6 +227,17 @@ def _op_label(metadata: str | None, fallback: str) -> str:
     return fallback
 
 
+def _plan_label(plan: Any, op_name: str) -> str:
+    """The plan's ops an HLO ``op_name`` names (``dot_general at GPT/head``), else ``op_name``."""
+    from automap.emit import ops_of_metadata
+
+    ops = {o.id: o for o in plan.program.all_ops}
+    named = [ops[i] for i in ops_of_metadata(op_name) if i in ops]
+    if not named:
+        return op_name
+    return " + ".join(f"{o.primitive} at {o.name}" if o.name else o.primitive for o in named)
+
+
 def compare(plan: Any, measured: Measurement, labels: Mapping[str, str] | None = None) -> Fidelity:
     """The :class:`Fidelity` of ``measured`` (XLA's measure of the plan's compiled program)."""
     est = plan.estimate
@@ -196,7 +256,8 @@ def compare(plan: Any, measured: Measurement, labels: Mapping[str, str] | None =
         r = row(op.kind, op_axes(op, mesh_shape))
         r["mc"] += op.count_multiplier
         r["mb"] += op.wire_bytes
-        r["xla"].append((labels or {}).get(op.name, op.name))
+        r["xla"].append(_plan_label(plan, (labels or {}).get(op.name, op.name)))
+    by_op, unattributed = _by_op(plan, est.collectives, measured, labels or {}, mesh_shape)
     ordered = sorted(rows.items(), key=lambda kv: (KINDS.index(kv[0][0]), len(kv[0][1]), kv[0][1]))
     table = tuple(CollectiveRow(kind, axes, r["ec"], r["eb"], r["mc"], r["mb"], tuple(r["at"]), tuple(r["xla"]))
                   for (kind, axes), r in ordered)
@@ -204,8 +265,42 @@ def compare(plan: Any, measured: Measurement, labels: Mapping[str, str] | None =
         Figure("bytes sent", est.wire_bytes, measured.wire_bytes, TOLERANCES["bytes sent"]),
         Figure("memory", est.peak_memory_bytes, measured.memory_per_device, TOLERANCES["memory"]),
         Figure("dot FLOPs", est.dot_flops, measured.dot_flops, TOLERANCES["dot FLOPs"]),
-        table, measured,
+        table, measured, by_op, unattributed,
     )
+
+
+def _by_op(plan: Any, estimated: Sequence[Any], measured: Measurement, labels: Mapping[str, str],
+           mesh_shape: Mapping[str, int]) -> tuple[tuple[OpRow, ...], float]:
+    """Per plan op: the estimated collectives and XLA's (by the op id in their metadata)."""
+    from automap.emit import ops_of_metadata
+
+    ops = {op.id: op for op in plan.program.all_ops}
+    rows: dict[int, dict[str, Any]] = {}
+    unattributed = 0.0
+
+    def row(i: int) -> dict[str, Any]:
+        return rows.setdefault(i, dict(est=[], eb=0.0, got=[], mb=0.0))
+
+    for c in estimated:
+        r = row(c.op)
+        r["est"].append((c.kind, _in_mesh_order(c.axes, mesh_shape)))
+        r["eb"] += c.wire_bytes
+    for m in measured.ops:
+        ids = [i for i in ops_of_metadata(labels.get(m.name, "")) if i in ops]
+        if not ids:
+            unattributed += m.wire_bytes
+            continue
+        # a collective XLA combined from several: its bytes shared in proportion to the estimate's
+        weights = [sum(c.wire_bytes for c in estimated if c.op == i and c.kind == m.kind) for i in ids]
+        total = sum(weights)
+        for i, weight in zip(ids, weights, strict=True):
+            r = row(i)
+            r["got"].append((m.kind, op_axes(m, mesh_shape)))
+            r["mb"] += m.wire_bytes * (weight / total if total else 1 / len(ids))
+    out = [OpRow(i, f"{ops[i].primitive} at {ops[i].name}" if ops[i].name else ops[i].primitive,
+                 tuple(r["est"]), r["eb"], tuple(r["got"]), r["mb"]) for i, r in rows.items()]
+    out.sort(key=lambda r: -abs(r.measured_bytes - r.estimated_bytes))
+    return tuple(out), unattributed
 
 
 def verify(plan: Any, compiled: Any, *, warn: bool = True) -> Fidelity:

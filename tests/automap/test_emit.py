@@ -1,5 +1,7 @@
 """automap.emit: the replayed program computes what the function computes, with the plan's
 constraints (scan bodies included), remat kept, state shardings tied, inputs placed, donation."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,15 +63,15 @@ SCAN_X = rand(2, 8, 16)
 MANUAL = [tactics.manual({"ws": P(None, None, "model"), "out": P("model"), "x": P("data")})]
 
 
-@pytest.mark.parametrize("pins", ["all", "anchors", "none"])
+@pytest.mark.parametrize("pins", ["plan", "all", "anchors", "none"])
 @pytest.mark.parametrize("tactic", [None, MANUAL], ids=["default", "manual"])
 def test_numerics_equal_unsharded(pins, tactic):
     f = automap.partition(_sgd_step, mesh=MESH, pins=pins, tactics=tactic)
     plan = f.plan(SCAN_PARAMS, SCAN_X)
     got = f(SCAN_PARAMS, SCAN_X)
     close(got, jax.jit(_sgd_step)(SCAN_PARAMS, SCAN_X))
-    if pins == "none":
-        assert plan.pins == frozenset()
+    if pins in ("none", "plan"):  # plan: these plans decide their inputs only
+        assert plan.pins == frozenset() and not emit.decided_values(plan.state)
     else:
         assert plan.pins  # the contractions at least
     if pins == "all":
@@ -81,7 +83,9 @@ def test_pins_by_policy():
     program = plan.program
     anchors = emit.pinned_values(plan.state, "anchors")
     everything = emit.pinned_values(plan.state, "all")
-    assert plan.pins == anchors
+    # the manual specs decide the inputs only: propagation from them is the plan, nothing pinned
+    assert plan.pins == emit.pinned_values(plan.state, "plan") == frozenset()
+    assert all(emit.unplanned(plan.state).spec(v) == plan.state.spec(v) for v in everything)
     assert {op.primitive for op in program.all_ops if set(op.outputs) & anchors} == {"dot_general"}
     assert anchors < everything
     # inputs and control-flow results are never pinned; scalars neither
@@ -128,6 +132,7 @@ DM_, D_M = (("data",), ("model",)), (("data",), ())
 
 
 @pytest.mark.parametrize("pins, body_pins", [
+    ("plan", []),  # Megatron specs on the inputs: nothing decided past them
     ("all", [("dot_general", D_M), ("dot_general", DM_), ("tanh", DM_)]),
     ("anchors", [("dot_general", D_M), ("dot_general", DM_)]),
     ("none", []),
@@ -149,6 +154,54 @@ def test_constraints_inside_scan_body(pins, body_pins):
     # 'model'; one all-reduce of the loss over 'data'
     assert collectives(lowered.compile()) == {"all-reduce": (layers + 1, layers * 4 * 16 * 4 + 4)}
     close(f(params, x), _megatron_scan(params, x))
+
+
+# ---------------------------------------------------------------------------- pins by plan decision
+
+def _exp_matmul(x, w):
+    return jnp.exp(x) @ w
+
+
+def _split_exp_plan(policy):
+    """x batch-split on data, w replicated; then the plan decides to split ``exp(x)``'s features
+    over model too (a decision on an activation): the contraction runs split and its (4, 4) f32
+    partial result is all-reduced over model."""
+    from automap.propagate import apply
+    from automap.shardings import Action
+
+    manual = [tactics.manual({"x": P("data"), "w": P()})]
+    plan = automap.partition(_exp_matmul, mesh=MESH, tactics=manual, search=None).plan(EXP_X, EXP_W)
+    (h,) = [op.outputs[0] for op in plan.program.ops if op.primitive == "exp"]
+    state = apply(plan.state, [Action(h, 1, "model")], label="split exp over model")
+    return dataclasses.replace(plan, state=state, pins=emit.pinned_values(state, policy)), h
+
+
+EXP_X, EXP_W = rand(0, 8, 16), rand(1, 16, 4)
+
+
+@pytest.mark.parametrize("policy, pinned, compiled", [
+    ("plan", ["dot_general", "exp"], {"all-reduce": (1, 4 * 4 * 4)}),  # as planned (and estimated)
+    ("anchors", ["dot_general"], {}),  # the decision is lost: exp computed whole over model
+    ("none", [], {}),
+])
+def test_plan_pins_realise_a_decision_on_an_activation(policy, pinned, compiled):
+    plan, h = _split_exp_plan(policy)
+    assert emit.decided_values(plan.state) == {h}  # the dot is an output: fixed by out_shardings
+    assert sorted(plan.program.value(v).name for v in plan.pins) == pinned
+    step = automap.partition(_exp_matmul, mesh=MESH, plan=plan, arbiter=None)
+    assert collectives(step.lower(EXP_X, EXP_W).compile()) == compiled
+    assert [(c.kind, c.axes, c.bytes) for c in plan.estimate.collectives] == [("all-reduce", ("model",), 64)]
+    close(step(EXP_X, EXP_W), _exp_matmul(EXP_X, EXP_W))
+
+
+def test_replayed_ops_name_themselves_in_the_hlo():
+    plan, _ = _split_exp_plan("plan")
+    step = automap.partition(_exp_matmul, mesh=MESH, plan=plan, arbiter=None)
+    text = step.lower(EXP_X, EXP_W).compile().as_text()
+    dot = next(op for op in plan.program.ops if op.primitive == "dot_general")
+    assert f'{emit.op_scope(dot)}/dot_general"' in text
+    (all_reduce,) = [line for line in text.splitlines() if " all-reduce(" in line]
+    assert emit.ops_of_metadata(all_reduce.split('op_name="')[1].split('"')[0]) == [dot.id]
 
 
 def _fsdp_step(p, x):
