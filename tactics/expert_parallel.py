@@ -11,12 +11,17 @@ An *expert dim* is a dim of a weight (a value derived from the state alone, see
   of ``jax.lax.ragged_dot``'s right-hand side, where each row of the left-hand side picks one group.
 
 Nothing looks at names, and a scan's stacked ``layers`` dim is not one (a scan slices it; no
-contraction keeps it). Tiling the expert dim on ``axis`` is the whole decision: propagation shards
-the expert weights' optimizer state and gradients, and the expert-major activations (the
-dispatched tokens ``[E, G, C, D]``, the hidden units, the expert outputs). Where the token-major
-side is laid out on other axes, the dispatch and combine einsums are where the layout changes:
-the cost model prices the change from :func:`automap.analysis.reshards` (an axis moving between
-dims of a value is an all-to-all).
+contraction keeps it). Two decisions follow:
+
+1. the expert dim of the weights and of the expert-major activations (the dispatched tokens
+   ``[E, G, C, D]``, the hidden units, the expert outputs) goes on ``axis``; propagation shards the
+   weights' gradients and optimizer state, fenced in :func:`expert_region` so that the expert dim
+   never flows back through the dispatch into the routing (router, softmax, masks);
+2. with ``tokens=True`` (the default) the batch (as :func:`tactics.data_parallel.batch_dims` finds
+   it) goes on ``axis`` too where it divides: GShard's layout, each device of the axis routing its
+   own tokens. The expert-major and token-major layouts then meet at the dispatch and combine
+   einsums, where an axis moves between dims of a value: :func:`automap.analysis.reshards` prices
+   it as an all-to-all, and XLA compiles one.
 """
 from __future__ import annotations
 
