@@ -7,6 +7,7 @@
 from tactics.base import PlanContext, Schedule, Tactic, TacticResult, run_schedule, schedule
 from tactics.batch import batch_over_all_axes
 from tactics.data_parallel import data_parallel
+from tactics.expert_parallel import expert_parallel
 from tactics.fsdp import StateRoles, Zero, fsdp, state_roles, zero
 from tactics.logical import logical
 from tactics.manual import manual
@@ -15,6 +16,6 @@ from tactics.presets import fsdp_only, fsdp_tp, megatron_dp, zero_dp
 
 __all__ = [
     "PlanContext", "Schedule", "StateRoles", "Tactic", "TacticResult", "Zero", "batch_over_all_axes", "data_parallel",
-    "fsdp", "fsdp_only", "fsdp_tp", "logical", "manual", "megatron", "megatron_dp", "run_schedule", "schedule",
-    "state_roles", "zero", "zero_dp",
+    "expert_parallel", "fsdp", "fsdp_only", "fsdp_tp", "logical", "manual", "megatron", "megatron_dp", "run_schedule",
+    "schedule", "state_roles", "zero", "zero_dp",
 ]
