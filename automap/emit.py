@@ -33,7 +33,8 @@ def pinned_values(state: ShardingState, policy: PinPolicy = "plan") -> frozenset
     decided any, both sides of every resharding the cost model priced (:func:`resharded_values`);
     XLA is free elsewhere. A plan that decided only its inputs pins nothing: it compiles to what
     ``jax.jit`` makes of the same in/out shardings (pinning the priced reshardings of such a plan
-    as well compiled to 1.35-1.48x jax.jit's bytes sent under FSDP specs: ``benchmarks/jit_parity.py``).
+    as well compiled to 1.35-1.48x jax.jit's bytes sent under FSDP specs:
+    ``python benchmarks/fidelity.py --pins anchors --plans manual_fsdp``).
     ``anchors``: results of the ops whose traits say ``emit="pin"`` (contractions and embedding
     lookups/updates), whatever the plan decided; ``all``: every intermediate; ``none``: only the
     inputs and outputs are fixed. Values inside ``cond``/``while`` (re-bound as they were),

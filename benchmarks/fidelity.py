@@ -29,9 +29,10 @@ it prints, per model, the three figures of issue 18:
    sent and more memory than the manual plan).
 
     python benchmarks/fidelity.py [--models a,b] [--plans p,q] [--quick] [--episodes N]
-                                  [--arbiter auto] [--markdown] [--out docs/fidelity.md]
+                                  [--arbiter auto] [--pins anchors] [--markdown] [--out docs/fidelity.md]
 
-``--markdown`` prints the tables as Markdown; ``--out FILE`` writes them to FILE (committed
+``--pins``/``--arbiter`` compare emission policies (e.g. ``--pins anchors --arbiter none``, the
+policy before pins by plan decision, against the defaults). ``--markdown`` prints the tables as Markdown; ``--out FILE`` writes them to FILE (committed
 results change only when asked). ``--quick``: the MLP and the nnx transformer, 8 episodes.
 """
 from __future__ import annotations
@@ -198,11 +199,12 @@ def _ratio(a: float, b: float) -> float:
     return a / b
 
 
-def measure_row(name: str, plan_name: str, w: Any, args: tuple, options: dict, arbiter: str | None) -> Row:
+def measure_row(name: str, plan_name: str, w: Any, args: tuple, options: dict, automap_options: dict) -> Row:
+    """``automap_options``: ``pins``/``arbiter`` when given on the command line, else automap's defaults."""
     row = Row(name, plan_name)
     start = time.perf_counter()
     try:
-        step = automap.automap(w.train_step, mesh=automap.make_mesh(MESH), arbiter=arbiter, **options)
+        step = automap.automap(w.train_step, mesh=automap.make_mesh(MESH), **automap_options, **options)
         plan = step.plan(*args)
         row.estimate = plan.estimate
         row.fid = plan.verify(step.lower(*args).compile(), warn=False)
@@ -332,7 +334,7 @@ def summary(rows: list[Row]) -> list[str]:
     return lines
 
 
-def run(models: list[str], plans: list[str], episodes: int | None, arbiter: str | None,
+def run(models: list[str], plans: list[str], episodes: int | None, automap_options: dict,
         markdown: bool, out: str | None) -> list[Row]:
     rows: list[Row] = []
     doc = ["# Fidelity: the estimate against what XLA compiles", "",
@@ -358,7 +360,7 @@ def run(models: list[str], plans: list[str], episodes: int | None, arbiter: str 
         print(f"\n== {name}", flush=True)
         mine = []
         for plan in plans:
-            row = measure_row(name, plan, w, args, plan_options(plan, manual, episodes), arbiter)
+            row = measure_row(name, plan, w, args, plan_options(plan, manual, episodes), automap_options)
             mine.append(row)
             print(f"  {plan}: {row.error or ', '.join(f'{k} {v:.2f}' for k, v in row.ratios().items())} "
                   f"({row.seconds:.0f} s)", flush=True)
@@ -389,7 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", help=f"comma-separated, from {', '.join(PLANS)} (default: all)")
     parser.add_argument("--quick", action="store_true", help=f"{', '.join(QUICK_MODELS)}; {QUICK_EPISODES} episodes")
     parser.add_argument("--episodes", type=int, help="MCTS episodes of the default plan (default: search.MCTS()'s)")
-    parser.add_argument("--arbiter", choices=("auto", "always", "search"), help="automap's arbiter option")
+    parser.add_argument("--arbiter", choices=("none", "auto", "always", "search"),
+                        help="automap's arbiter option (default: automap's)")
+    parser.add_argument("--pins", choices=("plan", "anchors", "all", "none"),
+                        help="automap's pin policy, automap.emit.pinned_values (default: automap's)")
     parser.add_argument("--markdown", action="store_true", help="print the tables as Markdown too")
     parser.add_argument("--out", help="write the Markdown tables to this file")
     args = parser.parse_args(argv)
@@ -400,7 +405,10 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     episodes = args.episodes if args.episodes is not None else QUICK_EPISODES if args.quick else None
-    run(models, plans, episodes, args.arbiter, args.markdown, args.out)
+    automap_options = {} if args.pins is None else {"pins": args.pins}
+    if args.arbiter is not None:
+        automap_options["arbiter"] = None if args.arbiter == "none" else args.arbiter
+    run(models, plans, episodes, automap_options, args.markdown, args.out)
     return 0
 
 
