@@ -15,8 +15,9 @@ import dataclasses
 import math
 from typing import Iterable, Literal, Sequence
 
-from automap.factors import Axes, compose_dim, solution
+from automap.factors import Axes, compose_dim, solution, solve_factors
 from automap.ir.program import Op, Program
+from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all"]
@@ -54,7 +55,9 @@ def _diff(actual: Spec, wanted: Spec) -> tuple[Axes, Axes]:
 
 def execution_factors(op: Op, state: ShardingState) -> dict[int, Axes]:
     """How the op runs: its factor -> axes, agreed by its operands and results (earliest decision
-    wins). Operands and results that disagree with it are resharded before or after. A factor
+    wins), or, for a reduction, its operands' alone where that moves fewer bytes (XLA then
+    reshards the small result rather than the large operand). Operands and results that
+    disagree with it are resharded before or after. A factor
     whose tiling no result can express (the minor factor of a merged dim) is not run sharded."""
     return _analysis(op, state)[0]
 
@@ -68,9 +71,32 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
     if got is None:
         sizes = state.axes
         fax = _expressible(op, sol.fax, sizes)
+        templates = _templates(op, state, fax)
+        if templates and op.linked_outputs and _reduction(op):
+            alt = _expressible(op, _operands_layout(op, state), sizes)
+            if alt != fax:
+                other = _templates(op, state, alt)
+                if _moved(other) < _moved(templates):
+                    fax, templates = alt, other
         pieces = math.prod(sizes[a] for ax in fax.values() for a in ax)
-        got = sol.analysis = (fax, _templates(op, state, fax), pieces)
+        got = sol.analysis = (fax, templates, pieces)
     return got
+
+
+def _reduction(op: Op) -> bool:
+    """A reduction (not a contraction): its result is smaller than its operand."""
+    return bool(op.rule.reduction_factors) and traits_of(op.primitive).contraction is None
+
+
+def _operands_layout(op: Op, state: ShardingState) -> dict[int, Axes]:
+    """The op's factor axes from its operands alone (the results resharded after it)."""
+    return solve_factors(op, state, state.specs, state.priority, operands_only=True)[0]
+
+
+def _moved(templates: tuple) -> int:
+    """Bytes per device the reshard templates move (an all-reduce twice: reduce-scatter and
+    all-gather): which of two ways to run an op XLA's partitioner prefers."""
+    return sum(nbytes * (2 if kind == "all-reduce" else 1) for _, kind, _, nbytes, _ in templates)
 
 
 def _expressible(op: Op, fax: dict[int, Axes], sizes: dict[str, int]) -> dict[int, Axes]:
@@ -112,7 +138,11 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
         nbytes = program.values[vid].nbytes
         in_actual = {a for axes in actual for a in axes}
-        scatter = tuple(a for a in partial if a in in_actual and not any(a in i for i in implied))
+        # a partial sum is scattered over an axis the result wants where the op leaves that dim's
+        # axes a prefix of the wanted ones (else the scattered blocks are not the wanted tiling:
+        # XLA all-reduces and then reshards)
+        scatter = tuple(a for a in partial if a in in_actual and not any(a in i for i in implied)
+                        and all(i == w[: len(i)] for i, w in zip(implied, actual) if a in w))
         reduce = tuple(a for a in partial if a not in scatter)
         here = n_in + pos
         if scatter:
