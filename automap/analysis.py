@@ -11,6 +11,7 @@ revisited specs hit the cache), and per state: a state made by
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Iterable, Literal, Sequence
@@ -55,8 +56,9 @@ def _diff(actual: Spec, wanted: Spec) -> tuple[Axes, Axes]:
 
 def execution_factors(op: Op, state: ShardingState) -> dict[int, Axes]:
     """How the op runs: its factor -> axes, agreed by its operands and results (earliest decision
-    wins), or, for a reduction, its operands' alone where that moves fewer bytes (XLA then
-    reshards the small result rather than the large operand). Operands and results that
+    wins), or, for elementwise work and reductions, another way that moves fewer bytes (its
+    operands' layout alone, or led by one linked value): XLA reshards the small value (a
+    reduction's result, a broadcast scale) rather than the large one. Operands and results that
     disagree with it are resharded before or after. A factor
     whose tiling no result can express (the minor factor of a merged dim) is not run sharded."""
     return _analysis(op, state)[0]
@@ -72,25 +74,36 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
         sizes = state.axes
         fax = _expressible(op, sol.fax, sizes)
         templates = _templates(op, state, fax)
-        if templates and op.linked_outputs and _reduction(op):
-            alt = _expressible(op, _operands_layout(op, state), sizes)
-            if alt != fax:
-                other = _templates(op, state, alt)
-                if _moved(other) < _moved(templates):
-                    fax, templates = alt, other
+        if templates and op.linked_outputs and _reshards_smallest(op):
+            for alt in _alternatives(op, state):
+                alt = _expressible(op, alt, sizes)
+                if alt != fax:
+                    other = _templates(op, state, alt)
+                    if _moved(other) < _moved(templates):
+                        fax, templates = alt, other
         pieces = math.prod(sizes[a] for ax in fax.values() for a in ax)
         got = sol.analysis = (fax, templates, pieces)
     return got
 
 
-def _reduction(op: Op) -> bool:
-    """A reduction (not a contraction): its result is smaller than its operand."""
-    return bool(op.rule.reduction_factors) and traits_of(op.primitive).contraction is None
+def _reshards_smallest(op: Op) -> bool:
+    """Elementwise work and reductions: XLA's partitioner runs them in whichever layout needs the
+    least resharding (contractions, gathers and scatters have layouts of their own)."""
+    traits = traits_of(op.primitive)
+    return traits.contraction is None and (traits.fusion != "kernel" or traits.memory == "result")
 
 
-def _operands_layout(op: Op, state: ShardingState) -> dict[int, Axes]:
-    """The op's factor axes from its operands alone (the results resharded after it)."""
-    return solve_factors(op, state, state.specs, state.priority, operands_only=True)[0]
+def _alternatives(op: Op, state: ShardingState) -> list[dict[int, Axes]]:
+    """Other ways to run an op whose linked values disagree: in its operands' layout alone (the
+    results resharded after it), and led by each linked value in turn (the others resharded)."""
+    out = [solve_factors(op, state, state.specs, state.priority, operands_only=True)[0]]
+    for v in dict.fromkeys(op.linked):
+        spec = state.specs.get(v)
+        if spec is None or not any(spec):
+            continue
+        lead = collections.ChainMap({(v, d): -1 for d, axes in enumerate(spec) if axes}, state.priority)
+        out.append(solve_factors(op, state, state.specs, lead)[0])
+    return out
 
 
 def _moved(templates: tuple) -> int:

@@ -53,3 +53,24 @@ def test_a_reduction_reshards_its_small_result_not_its_large_operand():
     assert sorted(c.kind for c in est.collectives) == ["all-gather", "all-reduce"]
     assert 0.8 <= est.wire_bytes / xla.wire_bytes <= 1.0
     assert abs(est.peak_memory_bytes / xla.memory_per_device - 1) < 0.01
+
+
+def test_an_elementwise_op_reshards_its_small_operand_not_its_large_one():
+    """A (1, 1, 256) scale split on data (FSDP) times x (data, -, model), the scale's decision
+    the earlier one: XLA slices the scale and permutes 256 B. The estimate ran the multiply in
+    the scale's layout and gathered x over model (1088x XLA's bytes sent, 3.5x its memory); it
+    now reshards the scale (2x XLA's 256 B: a gather where XLA permutes)."""
+    fn, w, x = (lambda w, x: w * x), jnp.ones((1, 1, 256)), jnp.ones((8, 64, 256))
+    prog = lower(jax.make_jaxpr(fn)(w, x), ["w", "x"], ["out"])
+    (wv, xv), (out,) = prog.inputs, prog.outputs
+    state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(
+        specs={wv: ((), (), ("data",)), xv: (("data",), (), ("model",)), out: (("data",), (), ("model",))},
+        priority={(wv, 2): 0, (xv, 0): 1, (xv, 2): 1, (out, 0): 1, (out, 2): 1})
+    est = estimate(state)
+    mesh = automap.make_mesh({"data": 2, "model": 4})
+    scale, tiled = NamedSharding(mesh, P(None, None, "data")), NamedSharding(mesh, P("data", None, "model"))
+    jitted = jax.jit(fn, in_shardings=(scale, tiled), out_shardings=tiled)
+    xla = automap.measure(jitted.lower(w, x).compile())
+    assert [(c.kind, c.value) for c in est.collectives] == [("all-gather", wv)]
+    assert est.wire_bytes == 2 * xla.wire_bytes == 512
+    assert abs(est.peak_memory_bytes / xla.memory_per_device - 1) < 0.01
