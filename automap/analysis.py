@@ -11,12 +11,14 @@ revisited specs hit the cache), and per state: a state made by
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Iterable, Literal, Sequence
 
-from automap.factors import Axes, compose_dim, solution
+from automap.factors import Axes, compose_dim, solution, solve_factors
 from automap.ir.program import Op, Program
+from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all"]
@@ -54,7 +56,10 @@ def _diff(actual: Spec, wanted: Spec) -> tuple[Axes, Axes]:
 
 def execution_factors(op: Op, state: ShardingState) -> dict[int, Axes]:
     """How the op runs: its factor -> axes, agreed by its operands and results (earliest decision
-    wins). Operands and results that disagree with it are resharded before or after. A factor
+    wins), or, for elementwise work and reductions, another way that moves fewer bytes (its
+    operands' layout alone, or led by one linked value): XLA reshards the small value (a
+    reduction's result, a broadcast scale) rather than the large one. Operands and results that
+    disagree with it are resharded before or after. A factor
     whose tiling no result can express (the minor factor of a merged dim) is not run sharded."""
     return _analysis(op, state)[0]
 
@@ -68,9 +73,43 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
     if got is None:
         sizes = state.axes
         fax = _expressible(op, sol.fax, sizes)
+        templates = _templates(op, state, fax)
+        if templates and op.linked_outputs and _reshards_smallest(op):
+            for alt in _alternatives(op, state):
+                alt = _expressible(op, alt, sizes)
+                if alt != fax:
+                    other = _templates(op, state, alt)
+                    if _moved(other) < _moved(templates):
+                        fax, templates = alt, other
         pieces = math.prod(sizes[a] for ax in fax.values() for a in ax)
-        got = sol.analysis = (fax, _templates(op, state, fax), pieces)
+        got = sol.analysis = (fax, templates, pieces)
     return got
+
+
+def _reshards_smallest(op: Op) -> bool:
+    """Elementwise work and reductions: XLA's partitioner runs them in whichever layout needs the
+    least resharding (contractions, gathers and scatters have layouts of their own)."""
+    traits = traits_of(op.primitive)
+    return traits.contraction is None and (traits.fusion != "kernel" or traits.memory == "result")
+
+
+def _alternatives(op: Op, state: ShardingState) -> list[dict[int, Axes]]:
+    """Other ways to run an op whose linked values disagree: in its operands' layout alone (the
+    results resharded after it), and led by each linked value in turn (the others resharded)."""
+    out = [solve_factors(op, state, state.specs, state.priority, operands_only=True)[0]]
+    for v in dict.fromkeys(op.linked):
+        spec = state.specs.get(v)
+        if spec is None or not any(spec):
+            continue
+        lead = collections.ChainMap({(v, d): -1 for d, axes in enumerate(spec) if axes}, state.priority)
+        out.append(solve_factors(op, state, state.specs, lead)[0])
+    return out
+
+
+def _moved(templates: tuple) -> int:
+    """Bytes per device the reshard templates move (an all-reduce twice: reduce-scatter and
+    all-gather): which of two ways to run an op XLA's partitioner prefers."""
+    return sum(nbytes * (2 if kind == "all-reduce" else 1) for _, kind, _, nbytes, _ in templates)
 
 
 def _expressible(op: Op, fax: dict[int, Axes], sizes: dict[str, int]) -> dict[int, Axes]:
@@ -112,7 +151,11 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
         nbytes = program.values[vid].nbytes
         in_actual = {a for axes in actual for a in axes}
-        scatter = tuple(a for a in partial if a in in_actual and not any(a in i for i in implied))
+        # a partial sum is scattered over an axis the result wants where the op leaves that dim's
+        # axes a prefix of the wanted ones (else the scattered blocks are not the wanted tiling:
+        # XLA all-reduces and then reshards)
+        scatter = tuple(a for a in partial if a in in_actual and not any(a in i for i in implied)
+                        and all(i == w[: len(i)] for i, w in zip(implied, actual) if a in w))
         reduce = tuple(a for a in partial if a not in scatter)
         here = n_in + pos
         if scatter:

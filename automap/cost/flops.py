@@ -10,7 +10,8 @@ from automap.rules import RuleContext, Shaped, Traits, traits_of
 from automap.rules.traits import no_flops
 
 
-def _context(program: Program, op: Op) -> RuleContext:
+def context(program: Program, op: Op) -> RuleContext:
+    """The op's :class:`RuleContext` (global shapes), as traits functions take it."""
     shaped = program.memo.get("shaped")
     if shaped is None:  # one Shaped per value, built once per program
         shaped = program.memo["shaped"] = [Shaped(v.shape, v.dtype) for v in program.values]
@@ -21,7 +22,7 @@ def _context(program: Program, op: Op) -> RuleContext:
 def _flops(program: Program, op: Op, traits: Traits) -> int:
     if traits.flops is no_flops:
         return 0
-    return traits.flops(_context(program, op), **op.params)
+    return traits.flops(context(program, op), **op.params)
 
 
 def dot_flops(program: Program, op: Op) -> int:

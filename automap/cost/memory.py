@@ -19,6 +19,7 @@ import itertools
 import math
 from typing import Callable, Iterable, Mapping, Sequence
 
+from automap.cost.flops import context
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -84,6 +85,9 @@ def temp_peak(
             elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
                 copies[(r.value, r.kind, r.axes, i)] = [i, i, r.bytes]
     spans.extend(tuple(c) for c in copies.values())
+    for i, op, nbytes in _workspaces(program, ops):  # split as the op's first result is
+        out = op.outputs[0]
+        spans.append((i, i, nbytes * size(out) // max(program.values[out].nbytes, 1)))
     delta = [0] * (len(ops) + 1)
     for first, last, nbytes in spans:
         delta[first] += nbytes
@@ -151,6 +155,23 @@ def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int]) -> _L
     if isinstance(ops, tuple):  # immutable: safe to reuse while the memo holds it
         program.memo[key] = got
     return got
+
+
+def _workspaces(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op, int]]:
+    """(position, op, global bytes) of the ops in ``ops`` whose traits declare a workspace: the
+    temporaries XLA's expansion of the op holds while it runs."""
+    key = ("workspaces", id(ops))
+    got = program.memo.get(key)
+    if got is not None and got[0] is ops:
+        return got[1]
+    out = []
+    for i, op in enumerate(ops):
+        fn = traits_of(op.primitive).workspace
+        if fn is not None and op.outputs:
+            out.append((i, op, fn(context(program, op), **op.params)))
+    if isinstance(ops, tuple):
+        program.memo[key] = (ops, out)
+    return out
 
 
 def _reads(ops: Sequence[Op]) -> set[int]:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 from automap.rules.registry import (
     FactorRule, RuleContext, def_blocked_along, def_reduce, einsum, letters, register, replicated,
 )
-from automap.rules.traits import ELEMENTWISE, KERNEL, WINDOW_REDUCTION, Traits, output_elements
+from automap.rules.traits import ELEMENTWISE, KERNEL, POOLING_GRADIENT, WINDOW_REDUCTION, Traits, output_elements
 
 def_reduce("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor")
 def_blocked_along("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", param="axis")
@@ -83,7 +83,8 @@ def _reduce_window(ctx: RuleContext, *, window_dimensions: Sequence[int], window
     return einsum(ctx, ",".join(ins) + "->" + ",".join(term for _ in ctx.results))
 
 
-@register("select_and_scatter_add", "select_and_gather_add", "select_and_scatter", traits=ELEMENTWISE)  # costed as elementwise work
+@register("select_and_scatter_add", "select_and_scatter", traits=POOLING_GRADIENT)
+@register("select_and_gather_add", traits=KERNEL)  # a reduce-window over (value, tangent) pairs
 def _select_and_window(ctx: RuleContext, *, window_dimensions: Sequence[int], window_strides: Sequence[int],
                        padding: Sequence[Any], base_dilation: Sequence[int] | None = None,
                        window_dilation: Sequence[int] | None = None, **_: Any) -> FactorRule:

@@ -14,6 +14,8 @@ it, so that none of them keeps its own list of names:
   over and whether the tactics see a matmul (:class:`Contraction`).
 - ``lookup``: for an embedding-style lookup (``gather``), which operand is the table and which
   the indices (:class:`Lookup`).
+- ``workspace``: bytes of the temporaries XLA's expansion of the op holds while it runs, besides
+  its operands and results, ``workspace(ctx, **params)`` from the global shapes (None: none).
 
 Traits are declared with the rule: ``register(p, traits=...)`` or a family helper, whose
 defaults are the family constants here (``def_elementwise`` gives :data:`ELEMENTWISE`,
@@ -34,6 +36,7 @@ import typing
 from typing import Any, Callable, Literal, Sequence
 
 FlopsFn = Callable[..., int]  # flops(ctx: RuleContext, **params) -> FLOPs of one execution
+BytesFn = Callable[..., int]  # workspace(ctx: RuleContext, **params) -> bytes (global shapes)
 DimsFn = Callable[..., tuple[tuple[int, ...], ...]]  # dims(ctx, **params) -> contracted dims of each operand
 
 Fusion = Literal["loop", "folded", "kernel"]
@@ -109,6 +112,7 @@ class Traits:
     emit: Emit = "replay"
     contraction: Contraction | None = None
     lookup: Lookup | None = None
+    workspace: BytesFn | None = None
 
     def __post_init__(self) -> None:
         for field, mode in (("fusion", Fusion), ("memory", Memory), ("emit", Emit)):
@@ -156,6 +160,35 @@ UPDATE = Traits(no_flops, "kernel", "kernel")  # in-place updates of a buffer
 REDUCTION = Traits(input_elements, "kernel", "result")
 WINDOW_REDUCTION = Traits(input_elements, "kernel", "fused")  # pooling
 KERNEL = Traits(input_elements, "kernel", "kernel")  # sorts, cumulative ops, arg reductions
+
+
+def select_and_scatter_workspace(ctx: Any, **_: Any) -> int:
+    """The temporaries of XLA's ``SelectAndScatterExpander`` (run by the CPU and GPU compilers):
+    one s32 iota of the operand's shape per dim, and a variadic reduce-window that picks each
+    window's winner as its value and its index per dim (source-shaped), which a scatter then
+    adds the source into.
+
+    >>> from automap.rules.registry import RuleContext, Shaped
+    >>> ctx = RuleContext("select_and_scatter_add", (Shaped((2, 4, 4, 8), "float32"), Shaped((2, 8, 8, 8), "float32")),
+    ...                   (Shaped((2, 8, 8, 8), "float32"),))
+    >>> select_and_scatter_workspace(ctx)  # 4 iotas of 4 KiB, the winners and their 4 indices, 1 KiB each
+    21504
+    """
+    result = ctx.results[0]
+    rank, source = len(result.shape), _numel(ctx.operands[0].shape)
+    index = 4  # s32
+    return rank * _numel(result.shape) * index + source * (_itemsize(result.dtype) + rank * index)
+
+
+def _itemsize(dtype: Any) -> int:
+    import numpy as np
+
+    return np.dtype(dtype).itemsize
+
+
+POOLING_GRADIENT = Traits(output_elements, "kernel", "kernel", workspace=select_and_scatter_workspace)
+"""``select_and_scatter_add``: the gradient of max pooling, expanded by XLA into a reduce-window
+over the operand and its indices and a scatter (:func:`select_and_scatter_workspace`)."""
 SCATTER = Traits(output_elements, "kernel", "kernel")
 LOOKUP = Traits(no_flops, "kernel", "kernel", emit="pin", lookup=Lookup())
 CONTROL_FLOW = Traits(no_flops, "kernel", "kernel")  # regions count their own ops
