@@ -3,8 +3,9 @@
 Each decision group chooses one option: stay as it is, one of its legal actions (tile one dim on
 one mesh axis) or, on a mesh of several axes, one action on each of two axes. With tactics, the
 problem splits by where a plan starts: the plan before the search, or one of the compositions of
-the tactic macros (one per mesh axis) that :class:`search.MCTS` seeds its tree with. Each start
-is one integer program over the options legal there, so that group actions refine it.
+the tactic macros (any tactic on any mesh axis, in any order: :func:`search.compose.compositions`)
+that :class:`search.MCTS` seeds its tree with. Each start is one integer program over the options
+legal there, so that group actions refine it.
 
 Groups that propagation ties together (sharding a batch's tokens shards its targets) are one
 decision there, whose options are the distinct plans of their joint choices: priced as two, each
