@@ -178,30 +178,43 @@ class Polish:
 @dataclasses.dataclass(frozen=True)
 class Sweep:
     """Sweep (:func:`search.greedy.sweep`) the best plan and the fastest compositions of the pool,
-    ``starts`` distinct plans in all, over the mesh axes: each round sweeps every axis not swept
-    yet and goes on from the best result (``axes * (axes + 1) / 2`` sweeps per start, not one per
-    ordering of the axes). Every plan on the way is a candidate."""
+    ``starts`` distinct plans in all, over the mesh axes: each axis first, then every axis not
+    swept yet, going on from the best result each round (at most ``A * (1 + A (A - 1) / 2)``
+    sweeps per start on ``A`` axes, not one per ordering of the axes; free axes of one kind count
+    once). Every plan on the way is a candidate."""
 
     starts: int = 4
+    tactics: int = 2  # compositions of at most this many tactics (longer ones leave a sweep less to do)
     name: str = "sweep"
 
     def __call__(self, space: SearchSpace, found: Found, objective: Objective) -> Found:
-        seeds = sorted((p for p in found.pool if p.moves and all(isinstance(m, TacticAction) for m in p.moves)),
-                       key=lambda p: p.score.time_s)  # over the budget too: a sweep shards more
+        seeds = sorted((p for p in found.pool if 0 < len(p.moves) <= self.tactics
+                        and all(isinstance(m, TacticAction) for m in p.moves)),
+                       key=lambda p: p.score.time_s)  # over the budget and the ceiling too: a sweep shards more
         starts = list({p.state.key(): p for p in [found.best] + seeds}.values())[:self.starts]
         met = []
         for start in starts:
-            end, left = start, list(space.axes)
-            while left:
-                tries = []
-                used = {a for spec in end.state.specs.values() for dim in spec for a in dim}
-                for axis in [a for a in space.open_axes(used) if a in left] or left:
-                    moves, state, score = sweep(space, end.state, axis, objective)
-                    tries.append((axis, Plan(state, score, end.moves + moves)))
-                met += [p for _, p in tries]
-                axis, end = min(tries, key=lambda t: objective.key(t[1].score))
-                left.remove(axis)
+            for first in _open(space, start, list(space.axes)):  # each axis first, then the others greedily
+                end = _swept(space, start, first, objective)
+                met.append(end)
+                left = [a for a in space.axes if a != first]
+                while left:
+                    tries = [(axis, _swept(space, end, axis, objective)) for axis in _open(space, end, left)]
+                    met += [p for _, p in tries]
+                    axis, end = min(tries, key=lambda t: objective.key(t[1].score))
+                    left.remove(axis)
         return found.met(met, objective)
+
+
+def _open(space: SearchSpace, plan: Plan, axes: list[str]) -> list[str]:
+    """``axes`` less the free ones a like free axis stands for (:meth:`SearchSpace.open_axes`)."""
+    used = {a for spec in plan.state.specs.values() for dim in spec for a in dim}
+    return [a for a in space.open_axes(used) if a in axes] or axes
+
+
+def _swept(space: SearchSpace, plan: Plan, axis: str, objective: Objective) -> Plan:
+    moves, state, score = sweep(space, plan.state, axis, objective)
+    return Plan(state, score, plan.moves + moves)
 
 
 @dataclasses.dataclass(frozen=True)
