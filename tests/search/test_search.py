@@ -43,16 +43,11 @@ def _space(layers=2, scan=True):
     return search.SearchSpace(root, topology=Topology.preset("cpu-sim"), data_inputs=data)
 
 
-GOLDEN = [  # the default chain's answer after 8 episodes (tiny scanned GPT, 2x4, cpu-sim)
-    "state/params/blocks/mlp/down/kernel dim 1 on 'data'", "batch/targets dim 0 on 'model'",
-    "state/params/blocks/attn/qkv/kernel dim 3 on 'data'"]
-
-
 def test_golden_default_chain():
-    space = _space()
+    space = _mlp_space(300_000)  # the tree, polish and refine stages have goldens on the GPT (test_stages.py)
     result = search.MCTS(episodes=8, seed=0).search(space)
-    assert result.describe(space) == GOLDEN
-    assert result.score.reward > 1.0 and result.stats.episodes == 8  # better than replicating everything
+    assert result.describe(space) == ["params/w1 dim 1 on 'model'"]
+    assert result.score.feasible and result.score.reward > 1.0 and result.stats.episodes == 8
     # one point per episode, then per polishing step; the best only ever improves
     assert len(result.stats.curve) >= 8 and result.stats.curve == tuple(sorted(result.stats.curve))
     assert search.greedy.replay(space, result.actions)[0].key() == result.state.key()  # the moves make the plan

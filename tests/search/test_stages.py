@@ -122,8 +122,8 @@ GOLDEN_POLISH = ["params/w1 dim 1 on 'model'"]
 
 
 @pytest.mark.parametrize("links, sweeps", [
-    ({}, 3),  # three like axes: one free axis of a kind is tried, one sweep per round
-    ({"data": (50e9, 5e-6), "fsdp": (100e9, 4e-6)}, 3 + 2 + 1),  # every axis, then every axis left from the best
+    ({}, 3),  # three like axes: a free axis of a kind stands for the others, one sweep per round
+    ({"data": (50e9, 5e-6), "fsdp": (100e9, 4e-6)}, 3 * (1 + 2 + 1)),  # each axis first, then the rest greedily
 ])
 def test_golden_sweep_takes_the_axes_greedily(monkeypatch, links, sweeps):
     import search.stages
@@ -133,7 +133,7 @@ def test_golden_sweep_takes_the_axes_greedily(monkeypatch, links, sweeps):
     calls = []
     monkeypatch.setattr(search.stages, "sweep", lambda *a: calls.append(a[2]) or search.greedy.sweep(*a))
     found = Sweep(starts=1)(space, Found.start(space), STRICT)
-    assert len(calls) == sweeps  # not one per ordering of the axes (3! orders of 3 sweeps)
+    assert len(calls) == sweeps  # not every ordering of the axes (3! orders of 3 sweeps each)
     if not links:
         assert [space.describe(a) for a in found.best.moves] == GOLDEN_SWEEP
 
