@@ -78,7 +78,7 @@ def test_searched_plan_runs_and_matches_unsharded():
     w = zoo.gpt_linen(zoo.GPTConfig(layers=2, scan=True, **CFG))
     state, batch = w.init(0)
     mesh = automap.make_mesh({"data": 2, "model": 4})
-    cheap = search.MCTS(episodes=4, seed=0, sweeps=0, refine_work=0)  # the stages have their own tests
+    cheap = search.MCTS(episodes=2, seed=0, seed_tactics=False, polish_steps=0, sweeps=0, refine_work=0)  # tree only
     step = automap.automap(w.train_step, mesh=mesh, tactics=[], search=cheap)
     plan = step.plan(state, batch)
     assert any(n.startswith("search mcts") for n in plan.notes)
@@ -89,7 +89,7 @@ def test_searched_plan_runs_and_matches_unsharded():
 def test_infeasible_budget_names_the_smallest_peak_and_the_largest_values():
     w = zoo.gpt_linen(zoo.GPTConfig(layers=2, scan=True, **CFG))
     mesh = automap.make_mesh({"data": 2, "model": 4})
-    cheap = search.MCTS(episodes=4, seed=0, sweeps=0, refine_work=0)
+    cheap = search.MCTS(episodes=4, seed=0, seed_tactics=False, polish_steps=0, sweeps=0, refine_work=0)
     step = automap.automap(w.train_step, mesh=mesh, tactics=[], search=cheap, memory_budget="10KiB")
     with pytest.raises(MemoryBudgetError) as err:
         step.plan(*w.abstract())
