@@ -67,7 +67,7 @@ def expert_plans(space, ctx, root, axes: dict) -> dict:
     """name -> state: the named expert plans and every composition of the tactics (one per mesh
     axis; e.g. data parallel over one axis and FSDP over the other is HSDP)."""
     plans = {k: run_schedule(v, ctx, root).state for k, v in experts(axes).items()}
-    for seq in search.mcts.tactic_compositions(space, limit=4 ** len(axes)):
+    for seq in search.compose.tactic_compositions(space, limit=4 ** len(axes)):
         state, done = search.greedy.replay(space, seq)
         if done:
             plans.setdefault(" + ".join(space.describe(a) for a in done), state)

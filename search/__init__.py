@@ -1,17 +1,21 @@
-"""Search over the sharding decisions tactics leave open: MCTS, an exact solver, greedy.
+"""Search over the sharding decisions tactics leave open: MCTS (a chain of stages around tree
+search, :mod:`search.stages`), an exact solver, greedy; one objective orders plans for all of them.
 
 >>> import search
->>> sorted(search.__all__)[:3]
-['Ceiling', 'Greedy', 'GroupAction']
+>>> [s.name for s in search.MCTS().stages().stages]
+['compose', 'tree', 'polish', 'sweep', 'polish', 'refine', 'tie']
 """
 from search.base import Searcher, SearchResult, SearchStats
 from search.ceiling import Ceiling
+from search.compose import compositions, expert_ceiling
 from search.greedy import Greedy
 from search.ilp import ILP, TooLarge
-from search.mcts import MCTS, expert_ceiling
-from search.space import GroupAction, Score, SearchSpace, TacticAction
+from search.mcts import MCTS
+from search.objective import Objective
+from search.space import GroupAction, Plan, Score, SearchSpace, TacticAction
+from search.stages import Chain, Found, chain
 
 __all__ = [
-    "Ceiling", "Greedy", "GroupAction", "ILP", "MCTS", "Score", "SearchResult", "SearchSpace", "SearchStats",
-    "Searcher", "TacticAction", "TooLarge", "expert_ceiling",
+    "Ceiling", "Chain", "Found", "Greedy", "GroupAction", "ILP", "MCTS", "Objective", "Plan", "Score", "SearchResult",
+    "SearchSpace", "SearchStats", "Searcher", "TacticAction", "TooLarge", "chain", "compositions", "expert_ceiling",
 ]

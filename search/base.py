@@ -43,13 +43,6 @@ class Searcher(Protocol):
     def search(self, space: SearchSpace) -> SearchResult: ...
 
 
-def better(a: Score, b: Score | None) -> bool:
-    """Feasible beats infeasible; then the higher reward."""
-    if b is None:
-        return True
-    return (a.feasible, a.reward) > (b.feasible, b.reward)
-
-
 def check_fields(searcher: Any, at_least: Mapping[str, float], optional: tuple[str, ...] = (),
                  flags: tuple[str, ...] = ()) -> None:
     """Raise naming the field if a searcher's number is not a number, below its bound or (for ints

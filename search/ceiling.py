@@ -48,12 +48,3 @@ class Ceiling:
             reward *= (self.peak_bytes / score.peak_bytes) ** 2
         return reward
 
-
-def ranked(score: Score, ceiling: Ceiling | None) -> tuple:
-    """Sort key, higher is better: feasible, then under the ceiling, then the reward."""
-    return (score.feasible, ceiling is None or ceiling.admits(score), score.reward)
-
-
-def backed_up(score: Score, ceiling: Ceiling | None) -> float:
-    """The value an episode backs up: the reward, shaped down above the ceiling."""
-    return score.reward if ceiling is None else ceiling.shaped(score)

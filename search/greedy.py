@@ -3,22 +3,24 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
 
 from automap.shardings import ShardingError, ShardingState
-from search.base import SearchResult, SearchStats, better, check_fields
+from search.base import SearchResult, SearchStats, check_fields
+from search.objective import Objective
 from search.space import GroupAction, Move, Score, SearchSpace
+
+STRICT = Objective(tolerance=0.0)
 
 
 def best_step(
-    space: SearchSpace, state: ShardingState, score: Score, better: Callable[[Score, Score], bool] = better
+    space: SearchSpace, state: ShardingState, score: Score, objective: Objective = STRICT
 ) -> tuple[Move, ShardingState, Score] | None:
-    """The single legal action that improves on ``score`` most (by ``better``), or None."""
+    """The single legal action that improves on ``score`` most (by ``objective``), or None."""
     best = None
     for action in space.legal(state):
         child = space.apply(state, action)
         got = space.score(child)
-        if better(got, score) and (best is None or better(got, best[2])):
+        if objective.better(got, score) and (best is None or objective.better(got, best[2])):
             best = (action, child, got)
     return best
 
@@ -39,10 +41,10 @@ def replay(space: SearchSpace, actions: tuple[Move, ...]) -> tuple[ShardingState
 
 
 def sweep(
-    space: SearchSpace, state: ShardingState, axis: str
+    space: SearchSpace, state: ShardingState, axis: str, objective: Objective = STRICT
 ) -> tuple[tuple[Move, ...], ShardingState, Score]:
     """Tile every decision group that can be on ``axis``, one group at a time (largest first),
-    each with its fastest legal action there, even when that is worse than leaving the group: the
+    each with its best legal action there (by ``objective``: the fastest that fits), even when that is worse than leaving the group: the
     move across a plateau that one action at a time cannot cross (sharding each parameter over
     a second axis adds collectives whose latency is paid once for all of them, so one parameter
     alone costs more and all of them together less). The actions taken and the plan at the end.
@@ -69,14 +71,14 @@ def sweep(
         scored = [(a, child, space.score(child)) for a, child in children if child.key() != state.key()]
         if not scored:
             continue
-        pick = min(scored, key=lambda got: got[2].time_s)
+        pick = min(scored, key=lambda got: objective.key(got[2]))
         done.append(pick[0])
         state = pick[1]
     return tuple(done), state, space.score(state)
 
 
 def best_preemption(
-    space: SearchSpace, actions: tuple[Move, ...], score: Score, better: Callable[[Score, Score], bool] = better
+    space: SearchSpace, actions: tuple[Move, ...], score: Score, objective: Objective = STRICT
 ) -> tuple[tuple[Move, ...], ShardingState, Score] | None:
     """The best plan made by deciding one group first and then replaying ``actions`` (earlier
     decisions win, so this overrides what a later tactic chose for that group: the move that
@@ -87,7 +89,7 @@ def best_preemption(
             continue
         state, done = replay(space, (first,) + actions)
         got = space.score(state)
-        if better(got, score) and (best is None or better(got, best[2])):
+        if objective.better(got, score) and (best is None or objective.better(got, best[2])):
             best = (done, state, got)
     return best
 

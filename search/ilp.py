@@ -3,8 +3,9 @@
 Each decision group chooses one option: stay as it is, one of its legal actions (tile one dim on
 one mesh axis) or, on a mesh of several axes, one action on each of two axes. With tactics, the
 problem splits by where a plan starts: the plan before the search, or one of the compositions of
-the tactic macros (one per mesh axis) that :class:`search.MCTS` seeds its tree with. Each start
-is one integer program over the options legal there, so that group actions refine it.
+the tactic macros (any tactic on any mesh axis, in any order: :func:`search.compose.compositions`)
+that :class:`search.MCTS` seeds its tree with. Each start is one integer program over the options
+legal there, so that group actions refine it.
 
 Groups that propagation ties together (sharding a batch's tokens shards its targets) are one
 decision there, whose options are the distinct plans of their joint choices: priced as two, each
@@ -43,7 +44,9 @@ import numpy as np
 from automap.shardings import ShardingError, ShardingState
 from search.base import SearchResult, SearchStats, check_fields
 from search.ceiling import Ceiling
+from search.compose import compositions
 from search.greedy import replay
+from search.objective import Objective
 from search.space import GroupAction, Move, Score, SearchSpace
 
 _RESOLUTION = 1e-6  # plans faster by less than this fraction count as no faster
@@ -60,11 +63,10 @@ Plan = tuple  # (state, score, moves from the root)
 
 def starts(space: SearchSpace) -> list[tuple[Move, ...]]:
     """Where a plan may start: the root (no moves), then, with tactics (a space with a context),
-    each composition of the tactic macros that :class:`search.MCTS` seeds its tree with.
-    Example (with :func:`combinations`): at the end of :func:`search.mcts.tactic_compositions`'s."""
-    from search.mcts import tactic_compositions
-
-    return [()] + tactic_compositions(space, limit=4 ** len(space.axes))
+    each composition of the tactic macros that :class:`search.MCTS` seeds its tree with
+    (:func:`search.compose.compositions`). Example (with :func:`combinations`): at the end of
+    :func:`search.compose.tactic_compositions`'s."""
+    return [()] + [p.moves for p in (compositions(space) if space.macros else [])]
 
 
 def options(space: SearchSpace, state: ShardingState, two_axes: bool = True, tie: bool = True) -> list[list[Option]]:
@@ -165,7 +167,8 @@ class ILP:
             raise TooLarge(f"the exact solver would need {needed} cost evaluations (max_evaluations="
                            f"{self.max_evaluations}): use search.MCTS, or fewer decision groups")
         problems = [(start, _merge_tied(space, replay(space, start)[0], opts)) for start, opts in problems]
-        best = _Incumbent(space, (space.root, space.score(space.root), ()), self.ceiling)
+        objective = Objective(tolerance=0.0, ceiling=self.ceiling)
+        best = _Incumbent(space, (space.root, space.score(space.root), ()), objective)
         consider = best.consider
         start_time = {start: consider(start).time_s for start, _ in problems}
         # fastest start first (over the budget too: its options may shard it under), so that a
@@ -188,7 +191,7 @@ class ILP:
         return SearchResult(state, score, moves, stats, self.name, (note,))
 
 
-def refine(space: SearchSpace, plan: Plan, ceiling: Ceiling | None = None, max_work: int = 10**6,
+def refine(space: SearchSpace, plan: Plan, objective: Objective = Objective(tolerance=0.0), max_work: int = 10**6,
            max_rounds: int = 8, time_limit_s: float = 30.0) -> Plan | None:
     """The best plan around ``plan`` (state, score, moves from the root) by the pairwise model:
     each group may take one more action legal there, all of them decided together, exactly (a
@@ -200,9 +203,9 @@ def refine(space: SearchSpace, plan: Plan, ceiling: Ceiling | None = None, max_w
     if (1 + _pairs_needed(opts)) * len(space.program.all_ops) > max_work:
         return None
     opts = _merge_tied(space, plan[0], opts)
-    best = _Incumbent(space, plan, ceiling)
+    best = _Incumbent(space, plan, objective)
     t0 = time.perf_counter()
-    model = _Pairwise(space, plan[2], opts, ceiling, best.consider)
+    model = _Pairwise(space, plan[2], opts, objective.ceiling, best.consider)
     for _ in range(max_rounds):
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0 or model.solve_once(best.plan[1], left, best.consider) is not None:
@@ -211,17 +214,17 @@ def refine(space: SearchSpace, plan: Plan, ceiling: Ceiling | None = None, max_w
 
 
 class _Incumbent:
-    """The best plan met so far (fitting the budget and the ceiling first, then the fastest)."""
+    """The best plan met so far, by the objective."""
 
-    def __init__(self, space: SearchSpace, plan: Plan, ceiling: Ceiling | None) -> None:
-        self.plan, self.ceiling, self.replayed = plan, ceiling, _Replayer(space)
+    def __init__(self, space: SearchSpace, plan: Plan, objective: Objective) -> None:
+        self.plan, self.objective, self.replayed = plan, objective, _Replayer(space)
         self.space = space
 
     def consider(self, moves: tuple[Move, ...]) -> Score:
         """Score the plan ``moves`` make from the root; keep it if it is the best so far."""
         state, done = self.replayed(moves)
         got = self.space.score(state)
-        if _improves(got, self.plan[1], self.ceiling):
+        if self.objective.better(got, self.plan[1]):
             self.plan = (state, got, done)
         return got
 
@@ -424,14 +427,4 @@ def brute_force(space: SearchSpace, ceiling: Ceiling | None = None) -> tuple[flo
 
 
 def _fits(score: Score, ceiling: Ceiling | None) -> bool:
-    return score.feasible and (ceiling is None or ceiling.admits(score))
-
-
-def _rank(score: Score, ceiling: Ceiling | None) -> tuple:
-    """Fitting plans first, fastest first; then the others, smallest first."""
-    return (0, score.time_s) if _fits(score, ceiling) else (1, score.peak_bytes)
-
-
-def _improves(got: Score, best: Score, ceiling: Ceiling | None = None) -> bool:
-    """Feasible (and under the ceiling) beats not; among those, the faster (ties: the first found)."""
-    return _rank(got, ceiling) < _rank(best, ceiling)
+    return Objective(ceiling=ceiling).fits(score)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, NamedTuple, Sequence, Union
 
 from automap.cost import Estimate, Topology, estimate
 from automap.ir.fold import fold
@@ -55,6 +55,14 @@ class Score:
     peak_bytes: int
     feasible: bool
     estimate: Estimate
+
+
+class Plan(NamedTuple):
+    """A plan the search met: its state, score and the moves that make it from the root."""
+
+    state: ShardingState
+    score: Score
+    moves: tuple[Move, ...]
 
 
 def decision_values(program: Program, state: ShardingState) -> list[int]:
@@ -127,10 +135,14 @@ class SearchSpace:
         self.groups = tuple(groups)
         self.blocked = {v: _blocked_dims(self.program, v) for g in self.groups for v in g}
         self.axes = tuple(a for a, n in root.axes.items() if n > 1)
+        links = topology.links_for(root.axes)
+        # axes of one size over one link are interchangeable while no value uses them
+        self.axis_class = {a: (root.axes[a], links.get(a)) for a in self.axes}
         self.context = context  # a tactics.PlanContext: enables tactic macro-actions
         self.macros = tuple(macros) if context is not None else ()
         self._macro_results: dict[tuple, ShardingState | None] = {}
         self._scores: dict[frozenset, Score] = {}
+        self.memo: dict[str, Any] = {}  # what a stage computes once per space (the compositions)
         self.evaluations = 0
         self.eval_time_s = 0.0
         self.base_time: float | None = None
@@ -158,8 +170,9 @@ class SearchSpace:
         tactic macro-actions first, then group actions, largest groups first."""
         out: list[Move] = []
         used = {a for spec in state.specs.values() for dim in spec for a in dim}
+        axes = self.open_axes(used)
         for name in self.macros:
-            for axis in self.axes:
+            for axis in axes:
                 if axis in used and name != "fsdp":
                     continue  # a tactic claims a free axis (fsdp may join data parallelism)
                 action = TacticAction(name, axis)
@@ -171,7 +184,7 @@ class SearchSpace:
             for d in range(rep.ndim):
                 if any(d in self.blocked[v] for v in members):
                     continue
-                for axis in self.axes:
+                for axis in axes:
                     try:
                         for v in members:
                             state.check_action(Action(v, d, axis))
@@ -179,6 +192,16 @@ class SearchSpace:
                         continue
                     out.append(GroupAction(g, d, axis))
         return out
+
+    def open_axes(self, used: set[str]) -> tuple[str, ...]:
+        """The axes a move may take: every used axis, and of the free axes the first of each
+        size and link (the others would make the same plans with the axes renamed), so a mesh of
+        many like axes branches as one of few."""
+        first = {}
+        for a in self.axes:
+            if a not in used:
+                first.setdefault(self.axis_class[a], a)
+        return tuple(a for a in self.axes if a in used or first[self.axis_class[a]] == a)
 
     def apply(self, state: ShardingState, action: Move) -> ShardingState:
         if isinstance(action, TacticAction):

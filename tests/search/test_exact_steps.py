@@ -11,6 +11,7 @@ from automap import zoo
 from automap.cost import Topology
 from automap.shardings import ShardingState
 from search.greedy import replay, sweep
+from search.objective import Objective
 from search.space import GroupAction, TacticAction
 
 
@@ -56,7 +57,8 @@ def test_the_pairwise_model_pays_a_combine_groups_latency_once():
     opts = options(space, state, two_axes=False, tie=False)
     assert all((a,) in opts[a.group] for a in moves)
     start = (TacticAction("data_parallel", "model"),)
-    model = _Pairwise(space, start, opts, None, _Incumbent(space, (state, space.score(state), start), None).consider)
+    incumbent = _Incumbent(space, (state, space.score(state), start), Objective(tolerance=0.0))
+    model = _Pairwise(space, start, opts, None, incumbent.consider)
     predicted = model.value({a.group: (a,) for a in moves})
     assert predicted == pytest.approx(end.time_s, rel=1e-9)
     # the sweep opens combine groups that each parameter alone opens too: priced per parameter
@@ -105,7 +107,7 @@ def test_tokens_and_targets_tied_by_propagation_are_one_decision_for_the_pairwis
     sharded = next(o for o in raw[head] if o and (o[0].dim, o[0].axis) == (0, "model"))
     merged = tokens if len(tied[tokens]) > 1 else targets
     both = next(o for o in joint if replay(space, o)[0].key() == replay(space, batch[tokens])[0].key())
-    consider = _Incumbent(space, (space.root, space.score(space.root), ()), None).consider
+    consider = _Incumbent(space, (space.root, space.score(space.root), ()), Objective(tolerance=0.0)).consider
 
     def model(opts, keep):
         return _Pairwise(space, (), [o if g in keep else [()] for g, o in enumerate(opts)], None, consider)

@@ -1,0 +1,108 @@
+"""Tactic compositions: the plans an expert builds from the tactic macros (data parallel, Megatron,
+FSDP), each placed on any mesh axis, in any order, one tactic over several axes included.
+
+They are found by a beam search over the macro-actions (:func:`compositions`): from the root,
+every macro on every axis it may take, the ``width`` best (by :class:`search.objective.Objective`)
+kept and extended again, until no macro changes a plan. That costs ``width x macros x axes``
+tactic applications per level, not one per ordering of the axes. The fastest fitting one sets the
+expert ceiling (:func:`expert_plan`, :mod:`search.ceiling`) that the searched plan is held to.
+"""
+from __future__ import annotations
+
+import itertools
+
+from search.ceiling import Ceiling
+from search.greedy import replay
+from search.objective import Objective
+from search.space import Move, Plan, SearchSpace, TacticAction
+
+BEAM_WIDTH = 6  # on two axes: every single macro is extended, so every ordered pair is tried
+
+
+def compositions(space: SearchSpace, width: int = BEAM_WIDTH) -> list[Plan]:
+    """Every composition the beam met (distinct plans), best first by the objective without a
+    ceiling; memoised per space and width. Example: at the end of :func:`tactic_compositions`'s."""
+    memo = space.memo.setdefault("compositions", {})
+    if width in memo:
+        return memo[width]
+    order = Objective(tolerance=0.0)
+    seen = {space.root.key()}
+    frontier, met = [Plan(space.root, space.score(space.root), ())], []
+    while frontier:
+        children = []
+        for plan in frontier:
+            for action in space.legal(plan.state):
+                if not isinstance(action, TacticAction):
+                    continue
+                state = space.apply(plan.state, action)
+                if state.key() in seen:
+                    continue
+                seen.add(state.key())
+                children.append(Plan(state, space.score(state), plan.moves + (action,)))
+        children.sort(key=lambda p: order.key(p.score))  # stable: ties keep the legal order
+        met += children
+        frontier = children[:width]
+    memo[width] = sorted(met, key=lambda p: order.key(p.score))
+    return memo[width]
+
+
+def expert_plan(space: SearchSpace, width: int = BEAM_WIDTH) -> Plan | None:
+    """The fastest plan that fits the budget among the compositions and the root (the plan before
+    the search), or None without tactics or when none of them fits."""
+    plans = compositions(space, width) if space.macros else []
+    if not plans:
+        return None
+    order = Objective(tolerance=0.0)
+    fitting = [p for p in [Plan(space.root, space.score(space.root), ())] + plans if p.score.feasible]
+    return min(fitting, key=lambda p: order.key(p.score)) if fitting else None
+
+
+def ceiling_of(space: SearchSpace, plan: Plan) -> Ceiling:
+    source = " + ".join(space.describe(a) for a in plan.moves) or "the plan before the search"
+    return Ceiling(plan.score.estimate.wire_bytes, plan.score.peak_bytes, source)
+
+
+def expert_ceiling(space: SearchSpace, width: int = BEAM_WIDTH) -> Ceiling | None:
+    """The ceiling :class:`search.MCTS` holds its answer to: the bytes sent and the memory of
+    :func:`expert_plan` (None without it). Give it to ``search.ILP(ceiling=...)`` to solve the
+    same problem exactly (example: at the end of :func:`tactic_compositions`'s)."""
+    plan = expert_plan(space, width)
+    return None if plan is None else ceiling_of(space, plan)
+
+
+def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]]:
+    """The compositions with one macro (or none) per free mesh axis, axes in mesh order, fewest
+    tactics first, at most ``limit`` (``(macros + 1) ** axes`` in all: for benchmarks and tests
+    that compare the search with every such expert plan).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.cost import Topology
+    >>> from automap.shardings import ShardingState
+    >>> from tactics import PlanContext
+    >>> prog = lower(jax.make_jaxpr(lambda w, x: w - (x @ w))(jnp.ones((8, 8)), jnp.ones((8, 8))), ["w", "x"], ["w"])
+    >>> axes = {"data": 2, "model": 2}
+    >>> space = SearchSpace(ShardingState.initial(prog, axes), topology=Topology.preset("cpu-sim"),
+    ...                     context=PlanContext(prog, axes, (prog.inputs[1],), (prog.inputs[0],)))
+    >>> seeds = tactic_compositions(space, limit=100)
+    >>> len(seeds), [f"{a.tactic}({a.axis})" for a in seeds[-1]]  # 3 x 3 pairs + 2 x 3 singles
+    (15, ['fsdp(data)', 'fsdp(model)'])
+    >>> len(compositions(space))  # distinct plans, in any order of the axes (the two like axes: one)
+    2
+    >>> expert_ceiling(space).source  # this tiny step is fastest unsharded: nothing may be sent
+    'the plan before the search'
+    >>> from search.ilp import combinations, starts  # the exact solver's starts: the root and each composition
+    >>> len(starts(space)), len(combinations(space))
+    (3, 3)
+    """
+    if not space.macros or not space.axes:
+        return []
+    options = [[()] + [(TacticAction(m, axis),) for m in space.macros] for axis in space.axes]
+    combos = [sum(c, ()) for c in itertools.product(*options)]
+    return sorted((c for c in combos if c), key=len)[:limit]
+
+
+def replayed(space: SearchSpace, moves: tuple[Move, ...]) -> Plan:
+    """The plan ``moves`` make from the root (moves that are no longer legal are skipped)."""
+    state, done = replay(space, moves)
+    return Plan(state, space.score(state), done)
