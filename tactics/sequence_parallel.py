@@ -12,11 +12,13 @@ The sequence dim is found, not named: it is a free dim of the activation operand
 vocab-parallel head) contraction, or of a row contraction's result, that the flow of a data
 input's non-batch dim reaches (the token dim besides the batch, see
 :func:`tactics.data_parallel.batch_dims`), never a batch dim. The decision tiles it on those
-activations and on the vocab-parallel embedding's output, fenced in the activations: the weights,
-what is computed from them alone, what is computed from the data alone (token ids, masks), the
-program's inputs (unless one is itself such an activation) and outputs keep their specs, as
-propagation does not carry the sequence split into them; the fence is lifted after the decision.
-A region whose weight is not tiled on the axis (no ``megatron`` on it before) is left alone.
+activations, fenced in the activations: the weights, what is computed from them alone, what is
+computed from the data alone (token ids, masks), the program's inputs (unless one is itself such
+an activation) and outputs keep their specs, as propagation does not carry the sequence split
+into them; the fence is lifted after the decision. The vocab-parallel embedding keeps megatron's
+layout (its output all-reduced, then split on the sequence; its gradient gathered before the
+scatter into the table): split on the sequence, XLA all-gathers the table instead. A region
+whose weight is not tiled on the axis (no ``megatron`` on it before) is left alone.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from tactics.megatron import Candidate, find_candidates
 class SequenceDim:
     value: int  # an activation at the boundary of a tensor-parallel region
     dim: int
-    where: str  # "column input" | "row output" | "head input" | "embedding output"
+    where: str  # "column input" | "row output" | "head input"
     op: Op
     weight: int  # the weight whose tiling on the axis makes the tensor-parallel region
 
@@ -67,18 +69,21 @@ def _free_dims(op: Op, pos: int, weights: set[int]) -> list[int]:
             if fs and rule.factors[fs[0]].kind == "parallel" and fs[0] not in weight_factors]
 
 
-def find_sequence_dims(program: Program, ctx: PlanContext) -> tuple[list[SequenceDim], list[str]]:
-    """The sequence dim of every activation entering or leaving a tensor-parallel region."""
+def _candidates(program: Program, ctx: PlanContext) -> list[Candidate]:
     key = ("megatron_candidates", ctx.state_inputs)  # shared with megatron
     if key not in program.memo:
         program.memo[key] = find_candidates(program, ctx.state_inputs)
-    candidates: list[Candidate] = program.memo[key][0]
+    return program.memo[key][0]
+
+
+def find_sequence_dims(program: Program, ctx: PlanContext) -> tuple[list[SequenceDim], list[str]]:
+    """The sequence dim of every activation entering or leaving a tensor-parallel region."""
+    candidates = _candidates(program, ctx)
     weights = weight_derived(program, ctx.state_inputs)
     on_batch, tokens = _token_dims(program, ctx)
     boundary: list[tuple[Op, int, str, int]] = []  # (op, linked position, where, weight)
     for c in candidates:
-        if c.kind == "embedding":
-            boundary.append((c.op, len(c.op.linked_inputs), "embedding output", c.weight))
+        if c.kind == "embedding":  # left in megatron's layout: see _fence
             continue
         acts = [i for i, v in enumerate(c.op.linked_inputs) if v not in weights]
         boundary += [(c.op, i, f"{c.kind} input", c.weight) for i in acts]
@@ -91,8 +96,7 @@ def find_sequence_dims(program: Program, ctx: PlanContext) -> tuple[list[Sequenc
         if vid in seen:
             continue
         seen.add(vid)
-        dims = [d for d in (range(program.values[vid].ndim) if where == "embedding output"
-                            else _free_dims(op, pos, weights))
+        dims = [d for d in _free_dims(op, pos, weights)
                 if (vid, d) in tokens and (vid, d) not in on_batch and program.values[vid].shape[d] > 1]
         if not dims:
             why_not.append(f"{where} {program.values[vid].name}: no token dim besides the batch")
@@ -152,12 +156,22 @@ class SequenceParallel:
 def _fence(program: Program, ctx: PlanContext) -> frozenset[int]:
     """What the decision leaves alone: the weights and what is computed from them alone (the
     position embeddings), what is computed from the data and constants alone (the token ids a
-    lookup reads, masks, positions), and the program's inputs and outputs."""
+    lookup reads, masks, positions), the program's inputs and outputs, and the vocab-parallel
+    embedding: its output and, in the backward pass, the gradient a scatter by the token ids
+    adds into the table's (with either split on the sequence over the table's axis, XLA's
+    partitioner all-gathers the table and all-reduces its whole gradient)."""
     key = ("sequence_fence", ctx.data_inputs, ctx.state_inputs)
     if key not in program.memo:
         weights, constants = derived(program, ctx.state_inputs)
         data = derived(program, ctx.data_inputs)[0]
-        program.memo[key] = frozenset(weights | constants | data | set(program.inputs) | set(program.outputs))
+        held = weights | constants | data | set(program.inputs) | set(program.outputs)
+        for c in _candidates(program, ctx):
+            if c.kind == "embedding":
+                held.update(c.op.outputs)
+        for op in program.all_ops:  # the lookup's transpose: a scatter by the token ids
+            if op.phase != "forward" and op.primitive.startswith("scatter") and any(v in data for v in op.inputs):
+                held.update(op.inputs)
+        program.memo[key] = frozenset(held)
     return program.memo[key]
 
 
