@@ -12,10 +12,11 @@ from tactics.fsdp import StateRoles, Zero, fsdp, state_roles, zero
 from tactics.logical import logical
 from tactics.manual import manual
 from tactics.megatron import megatron
+from tactics.sequence_parallel import sequence_parallel
 from tactics.presets import fsdp_only, fsdp_tp, megatron_dp, zero_dp
 
 __all__ = [
     "PlanContext", "Schedule", "StateRoles", "Tactic", "TacticResult", "Zero", "batch_over_all_axes", "data_parallel",
     "expert_parallel", "fsdp", "fsdp_only", "fsdp_tp", "logical", "manual", "megatron", "megatron_dp", "run_schedule",
-    "schedule", "state_roles", "zero", "zero_dp",
+    "schedule", "sequence_parallel", "state_roles", "zero", "zero_dp",
 ]
