@@ -203,7 +203,8 @@ def test_zero1_decision_is_compiled_as_planned_and_the_arbiter_keeps_xlas_cheape
     step = automap.automap(w.train_step, mesh=automap.make_mesh({"data": 8}), tactics=[tactics.zero(1)])
     plan = step.plan(state, batch)
     grads = {v for v in plan.pins if plan.program.values[v].phase == "backward"}
-    assert grads and plan.pins <= automap.emit.decided_values(plan.state) | automap.emit.resharded_values(plan.state)
+    planned = automap.emit.decided_values(plan.state) | automap.emit.resharded_values(plan.state)
+    assert grads and plan.pins <= planned | automap.emit.pinned_values(plan.state, "anchors")
     np.testing.assert_allclose(step(state, batch)[1], jax.jit(w.train_step)(state, batch)[1], rtol=1e-5)
     arbitration = plan.measured["arbitration"]
     (pinned,) = arbitration.others

@@ -42,7 +42,9 @@ def _specs(plan):
 def _run(workload, schedule):
     """(plan, measurement, sharded outputs, unsharded outputs) of one train step."""
     state, batch = workload.init(0)
-    step = automap.automap(workload.train_step, mesh=automap.make_mesh(MESH_AXES), tactics=[schedule], search=None)
+    # no arbiter: the program compiled is the tactic's plan, not XLA's alternative to it
+    step = automap.automap(workload.train_step, mesh=automap.make_mesh(MESH_AXES), tactics=[schedule], search=None,
+                           arbiter=None)
     plan = step.plan(state, batch)
     compiled = step.lower(state, batch).compile(FAST)
     outs = compiled(*jax.tree.leaves(jax.device_put((state, batch), plan.in_shardings)))

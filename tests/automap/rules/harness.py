@@ -11,8 +11,8 @@ Intermediates are named by primitive: ``"reshape"`` is the first result of the f
 op in program order (regions included), ``"reshape#1"`` the second one's, ``"cumsum:1"`` the
 second result of the first ``cumsum``.
 
-Every plan pins all intermediates (``pins="all"``) so that XLA compiles the propagated plan,
-not its own propagation: the collectives measured are those the rules imply.
+Every plan pins all intermediates (``pins="all"``, no arbiter) so that XLA compiles the propagated
+plan, not its own propagation: the collectives measured are those the rules imply.
 """
 from __future__ import annotations
 
@@ -135,7 +135,8 @@ def _unpaired(fn: Callable) -> Callable:
 def partition(r: Row) -> tuple[automap.Partitioned, list[Any]]:
     rules = {f"^{re.escape(path)}$": spec for path, spec in r.specs.items()}
     schedule = [tactics.manual(rules)] if rules else []
-    step = automap.partition(_unpaired(r.fn), mesh=mesh(r.mesh), tactics=schedule, search=None, strict=r.strict, pins="all")
+    step = automap.partition(_unpaired(r.fn), mesh=mesh(r.mesh), tactics=schedule, search=None, strict=r.strict,
+                             pins="all", arbiter=None)
     return step, materialize(r.args)
 
 

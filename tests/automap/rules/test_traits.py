@@ -163,9 +163,9 @@ def test_a_new_contraction_is_one_entry(tables):
     assert [plan.state.spec(v) for v in plan.program.inputs] == [want.state.spec(v) for v in want.program.inputs]
     assert plan.state.spec(plan.program.inputs[1]) == ((), ("model",))  # up: column-parallel
     assert any("column" in n and "paired with row" in n for n in plan.notes)
-    pins = pinned_values(plan.state)
+    pins = pinned_values(plan.state, "anchors")  # the policy that reads the traits' emit="pin"
     assert all(set(op.outputs) <= pins for op in ops)
-    assert len(pins) == len(pinned_values(want.state))
+    assert len(pins) == len(pinned_values(want.state, "anchors"))
     got, ref = toy(params, x), jax.jit(_mlp_step(jnp.dot))(params, x)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6 * float(np.abs(b).max()))
