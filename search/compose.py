@@ -17,6 +17,7 @@ from search.objective import Objective
 from search.space import Move, Plan, SearchSpace, TacticAction
 
 BEAM_WIDTH = 6  # on two axes: every single macro is extended, so every ordered pair is tried
+BEAM_BUDGET = 96  # tactic applications in all (two axes take ~60, three ~90): the same on any number of axes
 
 
 def compositions(space: SearchSpace, width: int = BEAM_WIDTH) -> list[Plan]:
@@ -27,13 +28,14 @@ def compositions(space: SearchSpace, width: int = BEAM_WIDTH) -> list[Plan]:
         return memo[width]
     order = Objective(tolerance=0.0)
     seen = {space.root.key()}
-    frontier, met = [Plan(space.root, space.score(space.root), ())], []
+    frontier, met, budget = [Plan(space.root, space.score(space.root), ())], [], BEAM_BUDGET
     while frontier:
         children = []
         for plan in frontier:
             for action in space.legal(plan.state):
-                if not isinstance(action, TacticAction):
+                if not isinstance(action, TacticAction) or budget <= 0:
                     continue
+                budget -= 1
                 state = space.apply(plan.state, action)
                 if state.key() in seen:
                     continue
