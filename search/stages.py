@@ -150,11 +150,14 @@ class Tree:
 
 @dataclasses.dataclass(frozen=True)
 class Polish:
-    """Hill-climb from the best plan, one improving move at a time, at most ``steps``; with
+    """Hill-climb from the best plan, one improving move at a time, at most ``steps`` and no step
+    begun after ``budget`` new plans were evaluated (each step tries every legal move, more on more
+    mesh axes: the budget bounds a polish on any number of axes); with
     ``preempt``, a step may also decide one group before the plan's moves (costly: replays)."""
 
     steps: int = 4
     preempt: bool = False
+    budget: int = 64  # no step begins once this many plans were evaluated (a step evaluates every move)
     name: str = "polish"
 
     def __call__(self, space: SearchSpace, found: Found, objective: Objective) -> Found:
@@ -162,7 +165,10 @@ class Polish:
         plan, curve = found.best, list(found.curve)
         if (plan.state.key(), objective) in done:
             return found
+        evaluations = space.evaluations
         for _ in range(self.steps):
+            if space.evaluations - evaluations >= self.budget:
+                break
             step = best_step(space, plan.state, plan.score, objective)
             if step is not None:
                 plan = Plan(step[1], step[2], plan.moves + (step[0],))
@@ -186,7 +192,7 @@ class Sweep:
 
     starts: int = 4
     tactics: int = 2  # compositions of at most this many tactics (longer ones leave a sweep less to do)
-    budget: int = 16
+    budget: int = 12  # what 4 starts take on 2 axes (3 sweeps each)
     name: str = "sweep"
 
     def __call__(self, space: SearchSpace, found: Found, objective: Objective) -> Found:
