@@ -4,8 +4,9 @@ FSDP), each placed on any mesh axis, in any order, one tactic over several axes 
 They are found by a beam search over the macro-actions (:func:`compositions`): from the root,
 every macro on every axis it may take, the ``width`` best (by :class:`search.objective.Objective`)
 kept and extended again, until no macro changes a plan. That costs ``width x macros x axes``
-tactic applications per level, not one per ordering of the axes. The fastest fitting one sets the
-expert ceiling (:func:`expert_plan`, :mod:`search.ceiling`) that the searched plan is held to.
+tactic applications per level, not one per ordering of the axes, and at most ``BEAM_BUDGET``
+in all (the beam stops there: the same cost on any number of axes). The fastest fitting one sets
+the expert ceiling (:func:`expert_plan`, :mod:`search.ceiling`) that the searched plan is held to.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from search.objective import Objective
 from search.space import Move, Plan, SearchSpace, TacticAction
 
 BEAM_WIDTH = 6  # on two axes: every single macro is extended, so every ordered pair is tried
+BEAM_BUDGET = 80  # tactic applications in all (two axes take 56; three 87, cut short with the same answer)
 
 
 def compositions(space: SearchSpace, width: int = BEAM_WIDTH) -> list[Plan]:
@@ -27,13 +29,14 @@ def compositions(space: SearchSpace, width: int = BEAM_WIDTH) -> list[Plan]:
         return memo[width]
     order = Objective(tolerance=0.0)
     seen = {space.root.key()}
-    frontier, met = [Plan(space.root, space.score(space.root), ())], []
+    frontier, met, budget = [Plan(space.root, space.score(space.root), ())], [], BEAM_BUDGET
     while frontier:
         children = []
         for plan in frontier:
             for action in space.legal(plan.state):
-                if not isinstance(action, TacticAction):
+                if not isinstance(action, TacticAction) or budget <= 0:
                     continue
+                budget -= 1
                 state = space.apply(plan.state, action)
                 if state.key() in seen:
                     continue

@@ -195,15 +195,29 @@ def refine(space: SearchSpace, plan: Plan, objective: Objective = Objective(tole
            max_rounds: int = 8, time_limit_s: float = 30.0) -> Plan | None:
     """The best plan around ``plan`` (state, score, moves from the root) by the pairwise model:
     each group may take one more action legal there, all of them decided together, exactly (a
-    move no one-action-at-a-time climb makes when the actions only pay off together). None when
-    it would cost more than ``max_work`` plans evaluated times ops per plan (deterministic: no
-    clock decides whether it runs). Example: at the end of :func:`search.greedy.sweep`'s.
+    move no one-action-at-a-time climb makes when the actions only pay off together). At most
+    ``max_work`` plans evaluated times ops per plan (deterministic: no clock decides whether it
+    runs): when the pairs of every option cost more, each option is evaluated alone and only the
+    best of them (by ``objective``) are paired, as many as the work allows (so the work does not
+    grow with the mesh axes); None when even that costs too much. Example: at the end of
+    :func:`search.greedy.sweep`'s.
     """
     opts = options(space, plan[0], two_axes=False, tie=False)
-    if (1 + _pairs_needed(opts)) * len(space.program.all_ops) > max_work:
-        return None
-    opts = _merge_tied(space, plan[0], opts)
+    evaluations = max_work // max(len(space.program.all_ops), 1)
     best = _Incumbent(space, plan, objective)
+    if 1 + _pairs_needed(opts) > evaluations:
+        singles = [(g, o) for g, group in enumerate(opts) for o in group[1:]]
+        if 1 + len(singles) > evaluations:
+            return None
+        alone = {k: best.consider(plan[2] + k[1]) for k in singles}
+        kept: list[list[Option]] = [[()] for _ in opts]
+        for g, o in sorted(singles, key=lambda k: objective.key(alone[k])):
+            kept[g].append(o)
+            if 1 + len(singles) + _pairs_needed(kept) > evaluations:
+                kept[g].pop()
+                break
+        opts = kept
+    opts = _merge_tied(space, plan[0], opts)
     t0 = time.perf_counter()
     model = _Pairwise(space, plan[2], opts, objective.ceiling, best.consider)
     for _ in range(max_rounds):

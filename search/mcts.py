@@ -45,7 +45,7 @@ class MCTS:
     select_fn: SelectFn = uct_select
     rollout_fn: RolloutFn = random_rollout
     polish_steps: int = 4  # greedy one-move improvements of the best plan after the episodes
-    refine_work: int = 10**6  # the exact last step (search.ilp.refine) runs within this many op-evaluations
+    refine_work: int = 250_000  # the exact last step (search.ilp.refine) runs within this many op-evaluations
     sweeps: int = 4  # plans swept over the mesh axes after the episodes: the best, the fastest compositions
     seed_tactics: bool = True  # the first episodes try the compositions of tactic macros
     tie_tolerance: float = 0.01  # plans this close to the fastest count as ties: the leanest wins

@@ -170,7 +170,7 @@ class SearchSpace:
         tactic macro-actions first, then group actions, largest groups first."""
         out: list[Move] = []
         used = {a for spec in state.specs.values() for dim in spec for a in dim}
-        axes = self.open_axes(used)
+        axes = self.open_axes(state)
         for name in self.macros:
             for axis in axes:
                 if axis in used and name != "fsdp":
@@ -193,15 +193,23 @@ class SearchSpace:
                     out.append(GroupAction(g, d, axis))
         return out
 
-    def open_axes(self, used: set[str]) -> tuple[str, ...]:
-        """The axes a move may take: every used axis, and of the free axes the first of each
-        size and link (the others would make the same plans with the axes renamed), so a mesh of
-        many like axes branches as one of few."""
-        first = {}
-        for a in self.axes:
-            if a not in used:
-                first.setdefault(self.axis_class[a], a)
-        return tuple(a for a in self.axes if a in used or first[self.axis_class[a]] == a)
+    def open_axes(self, state: ShardingState) -> tuple[str, ...]:
+        """The axes a move may take in ``state``: of the axes of one size and link that sit in the
+        same places (the same dims of the same values; a free axis sits nowhere), the first; the
+        others would make the same plans with the axes renamed. So a mesh of many like axes
+        branches as one of few, free or used alike (two axes that both carry the batch count once)."""
+        got = state.memo.get("search.open_axes")
+        if got is None:
+            places: dict[str, list] = {a: [] for a in self.axes}
+            for v, spec in state.specs.items():
+                for d, dim in enumerate(spec):
+                    for a in dim:
+                        if a in places:  # not an axis of size 1
+                            places[a].append((v, d))
+            first: dict[tuple, str] = {}
+            got = state.memo["search.open_axes"] = tuple(
+                a for a in self.axes if first.setdefault((self.axis_class[a], frozenset(places[a])), a) == a)
+        return got
 
     def apply(self, state: ShardingState, action: Move) -> ShardingState:
         if isinstance(action, TacticAction):

@@ -150,11 +150,14 @@ class Tree:
 
 @dataclasses.dataclass(frozen=True)
 class Polish:
-    """Hill-climb from the best plan, one improving move at a time, at most ``steps``; with
+    """Hill-climb from the best plan, one improving move at a time, at most ``steps`` and no step
+    begun after ``budget`` new plans were evaluated (each step tries every legal move, more on more
+    mesh axes: the budget bounds a polish on any number of axes); with
     ``preempt``, a step may also decide one group before the plan's moves (costly: replays)."""
 
     steps: int = 4
     preempt: bool = False
+    budget: int = 64  # no step begins once this many plans were evaluated (a step evaluates every move)
     name: str = "polish"
 
     def __call__(self, space: SearchSpace, found: Found, objective: Objective) -> Found:
@@ -162,7 +165,10 @@ class Polish:
         plan, curve = found.best, list(found.curve)
         if (plan.state.key(), objective) in done:
             return found
+        evaluations = space.evaluations
         for _ in range(self.steps):
+            if space.evaluations - evaluations >= self.budget:
+                break
             step = best_step(space, plan.state, plan.score, objective)
             if step is not None:
                 plan = Plan(step[1], step[2], plan.moves + (step[0],))
@@ -178,13 +184,15 @@ class Polish:
 @dataclasses.dataclass(frozen=True)
 class Sweep:
     """Sweep (:func:`search.greedy.sweep`) the best plan and the fastest compositions of the pool,
-    ``starts`` distinct plans in all, over the mesh axes: each axis first, then every axis not
-    swept yet, going on from the best result each round (at most ``A * (1 + A (A - 1) / 2)``
-    sweeps per start on ``A`` axes, not one per ordering of the axes; free axes of one kind count
-    once). Every plan on the way is a candidate."""
+    ``starts`` distinct plans in all, over the mesh axes greedily: every open axis of the plan
+    (:meth:`SearchSpace.open_axes`: like axes in like places count once) is swept, the best result
+    goes on to the axes not swept yet, and so on; at most ``budget`` sweeps in all, the best start
+    first (at most ``A (A + 1) / 2`` sweeps per start on ``A`` axes, never one per ordering of the
+    axes, and the same budget on any number of axes). Every plan on the way is a candidate."""
 
     starts: int = 4
     tactics: int = 2  # compositions of at most this many tactics (longer ones leave a sweep less to do)
+    budget: int = 12  # what 4 starts take on 2 axes (3 sweeps each)
     name: str = "sweep"
 
     def __call__(self, space: SearchSpace, found: Found, objective: Objective) -> Found:
@@ -192,24 +200,23 @@ class Sweep:
                         and all(isinstance(m, TacticAction) for m in p.moves)),
                        key=lambda p: p.score.time_s)  # over the budget and the ceiling too: a sweep shards more
         starts = list({p.state.key(): p for p in [found.best] + seeds}.values())[:self.starts]
-        met = []
-        for start in starts:
-            for first in _open(space, start, list(space.axes)):  # each axis first, then the others greedily
-                end = _swept(space, start, first, objective)
-                met.append(end)
-                left = [a for a in space.axes if a != first]
-                while left:
-                    tries = [(axis, _swept(space, end, axis, objective)) for axis in _open(space, end, left)]
-                    met += [p for _, p in tries]
-                    axis, end = min(tries, key=lambda t: objective.key(t[1].score))
-                    left.remove(axis)
+        met: list[Plan] = []
+        left_budget = self.budget
+        for end in starts:
+            left = list(space.axes)
+            while left and left_budget > 0:
+                axes = _open(space, end, left)[:left_budget]
+                left_budget -= len(axes)
+                tries = [(axis, _swept(space, end, axis, objective)) for axis in axes]
+                met += [p for _, p in tries]
+                axis, end = min(tries, key=lambda t: objective.key(t[1].score))
+                left.remove(axis)
         return found.met(met, objective)
 
 
 def _open(space: SearchSpace, plan: Plan, axes: list[str]) -> list[str]:
-    """``axes`` less the free ones a like free axis stands for (:meth:`SearchSpace.open_axes`)."""
-    used = {a for spec in plan.state.specs.values() for dim in spec for a in dim}
-    return [a for a in space.open_axes(used) if a in axes] or axes
+    """``axes`` less those a like axis stands for (:meth:`SearchSpace.open_axes`)."""
+    return [a for a in space.open_axes(plan.state) if a in axes] or axes
 
 
 def _swept(space: SearchSpace, plan: Plan, axis: str, objective: Objective) -> Plan:
@@ -222,7 +229,7 @@ class Refine:
     """The exact step around the best plan (:func:`search.ilp.refine`), when it costs at most
     ``max_work`` plans evaluated times ops (deterministic: no clock decides whether it runs)."""
 
-    max_work: int = 10**6
+    max_work: int = 250_000
     name: str = "refine"
 
     def __call__(self, space: SearchSpace, found: Found, objective: Objective) -> Found:

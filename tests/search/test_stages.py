@@ -123,7 +123,7 @@ GOLDEN_POLISH = ["params/w1 dim 1 on 'model'"]
 
 @pytest.mark.parametrize("links, sweeps", [
     ({}, 3),  # three like axes: a free axis of a kind stands for the others, one sweep per round
-    ({"data": (50e9, 5e-6), "fsdp": (100e9, 4e-6)}, 3 * (1 + 2 + 1)),  # each axis first, then the rest greedily
+    ({"data": (50e9, 5e-6), "fsdp": (100e9, 4e-6)}, 3 + 2 + 1),  # every axis, then the best goes on greedily
 ])
 def test_golden_sweep_takes_the_axes_greedily(monkeypatch, links, sweeps):
     import search.stages
@@ -180,3 +180,30 @@ def test_no_search_module_imports_another_that_imports_it_back():
         return any(n == goal or (n not in seen and reaches(n, goal, seen + (n,))) for n in graph.get(start, ()))
 
     assert [m for m in graph if reaches(m, m)] == []
+
+
+def test_like_axes_in_like_places_count_once():
+    from search.space import TacticAction
+
+    space, _, _ = _space3()  # three axes of one size and link
+    assert space.open_axes(space.root) == ("data",)  # all free: one stands for the others
+    both = space.apply(space.apply(space.root, TacticAction("data_parallel", "data")),
+                       TacticAction("data_parallel", "fsdp"))  # the batch over 'data' and 'fsdp' alike
+    assert space.open_axes(both) == ("data", "model")
+    fsdp = space.apply(both, TacticAction("fsdp", "fsdp"))  # now 'fsdp' also holds the parameters
+    assert space.open_axes(fsdp) == ("data", "fsdp", "model")
+
+
+def test_refine_over_its_budget_pairs_only_the_best_single_options():
+    from search.ilp import options, refine
+
+    space, small = _mlp_space(), _mlp_space()
+    ops = len(space.program.all_ops)
+    singles = sum(len(o) - 1 for o in options(space, space.root, two_axes=False, tie=False))
+    full = refine(space, (space.root, space.score(space.root), ()), STRICT)
+    start = (small.root, small.score(small.root), ())
+    before = small.evaluations
+    pruned = refine(small, start, STRICT, max_work=(3 + singles) * ops)  # every option alone and two more
+    assert small.evaluations - before < space.evaluations - 1  # fewer plans than pairing every option
+    assert not STRICT.better(start[1], pruned[1]) and not STRICT.better(pruned[1], full[1])
+    assert refine(small, start, STRICT, max_work=singles * ops) is None  # not even every option alone
