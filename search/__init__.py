@@ -13,9 +13,9 @@ from search.ilp import ILP, TooLarge
 from search.mcts import MCTS
 from search.objective import Objective
 from search.space import GroupAction, Plan, Score, SearchSpace, TacticAction
-from search.stages import Chain, Found, chain
+from search.stages import Chain, ChainSearch, Found, chain
 
 __all__ = [
-    "Ceiling", "Chain", "Found", "Greedy", "GroupAction", "ILP", "MCTS", "Objective", "Plan", "Score", "SearchResult",
+    "Ceiling", "Chain", "ChainSearch", "Found", "Greedy", "GroupAction", "ILP", "MCTS", "Objective", "Plan", "Score", "SearchResult",
     "SearchSpace", "SearchStats", "Searcher", "TacticAction", "TooLarge", "chain", "compositions", "expert_ceiling",
 ]

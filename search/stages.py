@@ -23,7 +23,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from search.compose import BEAM_WIDTH, compositions, expert_plan
+from search.base import SearchResult, SearchStats
+from search.compose import BEAM_WIDTH, compositions, expert_ceiling, expert_plan
 from search.greedy import best_preemption, best_step, sweep
 from search.ilp import refine
 from search.objective import Objective
@@ -248,3 +249,30 @@ class LeanestTie:
     def __call__(self, space: SearchSpace, found: Found, objective: Objective) -> Found:
         anchor = expert_plan(space) if objective.ceiling is not None else None
         return dataclasses.replace(found, best=objective.choose((found.best,) + found.pool, anchor))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainSearch:
+    """A searcher running any chain of ``stages`` from the root, under the objective of
+    ``tolerance`` and (with ``ceiling``) the expert ceiling: e.g. the default chain less one stage,
+    for an ablation (``benchmarks/ablation.py``); :class:`search.MCTS` runs its own chain.
+
+    >>> import search
+    >>> full = search.MCTS().stages()
+    >>> s = ChainSearch(chain(*(stage for stage in full.stages if stage.name != "sweep")), name="no sweep")
+    >>> [stage.name for stage in s.stages.stages]
+    ['compose', 'tree', 'polish', 'polish', 'refine', 'tie']
+    """
+
+    stages: Chain
+    tolerance: float = 0.01
+    ceiling: bool = True  # hold to the fastest composition's bytes and memory (search.compose.expert_ceiling)
+    name: str = "chain"
+
+    def search(self, space: SearchSpace) -> SearchResult:
+        t0 = time.perf_counter()
+        objective = Objective(self.tolerance, expert_ceiling(space) if self.ceiling else None)
+        found = self.stages(space, Found.start(space), objective)
+        stats = SearchStats(found.episodes, space.evaluations, time.perf_counter() - t0, space.eval_time_s,
+                            found.curve)
+        return SearchResult(found.best.state, found.best.score, found.best.moves, stats, self.name)
