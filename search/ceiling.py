@@ -24,8 +24,8 @@ class Ceiling:
     >>> plan = lambda wire, peak: types.SimpleNamespace(estimate=types.SimpleNamespace(wire_bytes=wire),
     ...                                                 peak_bytes=peak, feasible=True, reward=1.0)
     >>> c = Ceiling(wire_bytes=100.0, peak_bytes=1000)
-    >>> c.admits(plan(100.0, 1000)), c.admits(plan(101.0, 900)), c.admits(plan(50.0, 2000))
-    (True, False, False)
+    >>> c.admits(plan(100.0, 1000)), c.admits(plan(100.05, 900)), c.admits(plan(101.0, 900)), c.admits(plan(50.0, 2000))
+    (True, True, False, False)
     >>> c.shaped(plan(200.0, 1000))  # twice the bytes: reward * (1/2) ** 2
     0.25
     """
@@ -33,10 +33,15 @@ class Ceiling:
     wire_bytes: float
     peak_bytes: int
     source: str = ""  # the plan that set it, for the report
+    # relative: bytes and memory this close above the ceiling are under it (far below what the cost
+    # model resolves; exact, the ablation saw the gpt2 ceiling reject a plan 8% faster with 42% less
+    # memory for 77 bytes more in 18.6 MB sent)
+    tolerance: float = 1e-3
 
     def admits(self, score: Score) -> bool:
-        return (score.estimate.wire_bytes <= self.wire_bytes * (1 + 1e-9) + 1e-6
-                and score.peak_bytes <= self.peak_bytes)
+        slack = 1 + self.tolerance
+        return (score.estimate.wire_bytes <= self.wire_bytes * slack + 1e-6
+                and score.peak_bytes <= self.peak_bytes * slack)
 
     def shaped(self, score: Score) -> float:
         """The reward, scaled by ``(ceiling / value) ** 2`` for bytes and memory above it."""

@@ -11,7 +11,7 @@ lower is better, and :meth:`Objective.value` is what a tree search backs up.
 Step-time estimates closer than ``tolerance`` are below the cost model's resolution, while bytes
 sent and memory are what it predicts best; so the answer is chosen (:meth:`Objective.choose`)
 among the fitting plans within ``tolerance`` of the fastest as the one that sends the fewest
-bytes, then holds the least memory. With an anchor (the fastest expert plan), a plan in that
+bytes (within ``tolerance``), then holds the least memory. With an anchor (the fastest expert plan), a plan in that
 band replaces it only when clearly leaner.
 """
 from __future__ import annotations
@@ -70,7 +70,8 @@ class Objective:
 
     def choose(self, plans: Iterable[Plan], anchor: Plan | None = None) -> Plan | None:
         """The answer among ``plans``: the best by :meth:`key` unless a fitting plan within
-        ``tolerance`` of its time sends fewer bytes (then holds less memory); with ``anchor`` in
+        ``tolerance`` of its time sends fewer bytes (bytes within ``tolerance`` of the fewest
+        count as equal; among those, the least memory, then the fastest); with ``anchor`` in
         that band, the anchor unless a plan is clearly leaner (``tolerance`` fewer bytes and no
         more memory, or ``tolerance`` less memory and no more bytes)."""
         plans = list(plans) + ([anchor] if anchor is not None else [])
@@ -82,7 +83,9 @@ class Objective:
         if anchor is not None and self.fits(anchor.score) and anchor.score.time_s <= limit:
             wire, peak, tol = anchor.score.estimate.wire_bytes, anchor.score.peak_bytes, self.tolerance
             band = [anchor] + [p for p in band if (lean_by(p, wire, peak, tol))]
-        return min(band, key=lambda p: (round(p.score.estimate.wire_bytes), p.score.peak_bytes, p.score.time_s))
+        fewest = min(p.score.estimate.wire_bytes for p in band)  # bytes within tolerance of the fewest are equal
+        band = [p for p in band if p.score.estimate.wire_bytes <= fewest * (1 + self.tolerance) + 1e-6]
+        return min(band, key=lambda p: (p.score.peak_bytes, p.score.time_s))
 
 
 def lean_by(plan: Plan, wire: float, peak: int, tolerance: float) -> bool:
