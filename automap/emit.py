@@ -68,8 +68,8 @@ def _pinnable(program: Program) -> dict[int, Op]:
             if op.primitive == "scan":
                 for region in op.regions:
                     visit(region.ops)
-            elif not op.regions:  # cond/while are re-bound as they were: nothing inside is pinned
-                out.update((v, op) for v in op.outputs if _constrainable(program, v))
+            if op.primitive == "scan" or not op.regions:  # cond/while are re-bound as they were: nothing
+                out.update((v, op) for v in op.outputs if _constrainable(program, v))  # inside them is pinned
 
     visit(program.ops)
     return out

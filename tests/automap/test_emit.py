@@ -88,10 +88,12 @@ def test_pins_by_policy():
     assert all(emit.unplanned(plan.state).spec(v) == plan.state.spec(v) for v in everything)
     assert {op.primitive for op in program.all_ops if set(op.outputs) & anchors} == {"dot_general"}
     assert anchors < everything
-    # inputs and control-flow results are never pinned; scalars neither
+    # inputs are never pinned, scalars neither; a scan's results are (the scan is replayed, its
+    # results are values like any other: 'all' pins the non-scalar ones)
     assert not everything & set(program.inputs)
     scans = [op for op in program.all_ops if op.primitive == "scan"]
-    assert not everything & {v for op in scans for v in op.outputs}
+    scan_results = {v for op in scans for v in op.outputs if program.value(v).ndim}
+    assert scan_results and scan_results <= everything
     assert all(program.value(v).ndim for v in everything)
 
 
@@ -147,9 +149,11 @@ def test_constraints_inside_scan_body(pins, body_pins):
     body_values = {v for op in scan.regions[0].ops for v in op.outputs}
     got = sorted((plan.program.value(v).name, plan.state.spec(v)) for v in plan.pins & body_values)
     assert got == body_pins
-    # the constraints are in the lowered loop body
+    # the constraints are in the lowered loop body (and, under 'all', one on the scan's result)
     lowered = f.lower(params, x)
-    assert lowered.as_text().count("sdy.sharding_constraint") == len(body_pins)
+    scan_results = len(plan.pins & set(scan.outputs))
+    assert scan_results == (pins == "all")
+    assert lowered.as_text().count("sdy.sharding_constraint") == len(body_pins) + scan_results
     # per layer, one all-reduce of the row-parallel partial sum (batch-split: 4 x 16 fp32) over
     # 'model'; one all-reduce of the loss over 'data'
     assert collectives(lowered.compile()) == {"all-reduce": (layers + 1, layers * 4 * 16 * 4 + 4)}
