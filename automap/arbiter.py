@@ -13,10 +13,13 @@ them). Both are measured (:func:`automap.measure`) and the better one is kept (:
 
 A program worse in both is dominated and never kept. ``arbiter`` (an option of
 :func:`automap.automap`): ``"auto"`` (the default) arbitrates programs of at most
-:data:`AUTO_MAX_OPS` ops that have pins (two compiles of a small program are cheap; above that
-the second compile would cost as much as the first); ``None`` keeps the pinned program unmeasured
-(one compile); ``"always"``; ``"search"``: as ``"auto"``, and the search's final candidates are
-compiled and measured too (:func:`final_choice`). Under the default pins
+:data:`AUTO_MAX_OPS` ops (two compiles of a small program are cheap; above that the second compile
+would cost as much as the first), and for those the search's final candidates are compiled and
+measured too (:func:`final_choice`: the answer, the expert ceiling plan, the next best and the
+expert compositions of the (bytes, memory) front; the answer is never dominated by one of them by
+XLA's measure); ``None`` keeps the pinned program unmeasured (one compile) and the search's answer
+by estimate; ``"always"``: both at any size; ``"search"``: the same as ``"auto"`` (kept for plans
+written with it). Under the default pins
 (:func:`automap.emit.pinned_values`, ``"plan"``) a plan that decided only its inputs (the user's
 specs, the tactic plans) pins nothing: its one program *is* the inputs-only program, so nothing is
 compiled twice; only a plan that decided layouts of intermediates pays the second compile (zoo
@@ -121,30 +124,36 @@ def arbitrate(candidates: dict[str, Callable[[], Any]], abstract_args: list[Any]
     return Arbitration(best, tuple(c for c in built if c is not best))
 
 
-# --- the search's last step (arbiter="search") -------------------------------------------------------
+# --- the search's last step (arbiter "auto", "always", "search") -------------------------------------------------------
 
 
 def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, Any, Any], ...],
                  measure_state: Callable[[Any], Measurement]) -> tuple[Any, str]:
-    """XLA arbitrates the search's final candidates: the answer, the expert ceiling plan and the
-    next best, each ``(label, state, score)``. Each is compiled and measured
-    (``measure_state``); a candidate is admitted when its measured bytes sent are at most the
-    ceiling plan's (within :data:`BYTES_TIE`) and its memory at most the ceiling's (within
-    :data:`MEMORY_SLACK`), so the ceiling promise holds by XLA's measure; without a ceiling
-    plan among them, the answer's measure is the ceiling. Of the admitted, the fastest by the
-    cost model's time is kept. Returns (its state, a note for the plan's report).
+    """XLA arbitrates the search's final candidates: the answer, the expert ceiling plan, the next
+    best and the expert compositions of the (bytes, memory) front, each ``(label, state, score)``.
+    Each is compiled and measured (``measure_state``). A candidate is admitted when its measured
+    bytes sent are at most the ceiling plan's (within :data:`BYTES_TIE`) and its memory at most
+    the ceiling's (within :data:`MEMORY_SLACK`), so the ceiling promise holds by XLA's measure
+    (without a ceiling plan among them, the answer's measure is the ceiling); an admitted
+    candidate another candidate *dominates* by XLA's measure (fewer bytes sent and less memory,
+    each by more than :data:`BYTES_TIE`) is dropped: the answer is never worse in both than an
+    expert plan XLA measured. Of the rest, the fastest by the cost model's time is kept.
+    Returns (its state, a note for the plan's report).
 
     >>> import types
     >>> from automap.measure import CollectiveOp, MemoryStat
     >>> def m(sent, memory):
     ...     op = CollectiveOp("all-gather", 2 * sent, 1, [[0, 1]], "ag", "main", group_size=2)
     ...     return Measurement({}, MemoryStat(memory, 0, 0, 0), 0, [op])
-    >>> measured = {"a": m(900, 100), "e": m(600, 100), "n": m(500, 90)}
+    >>> measured = {"a": m(900, 100), "e": m(600, 100), "n": m(500, 90), "f": m(400, 80)}
     >>> fast = lambda t: types.SimpleNamespace(time_s=t)
     >>> state, note = final_choice(("answer", "a", fast(1.0)), (("expert ceiling", "e", fast(1.2)),
     ...                            ("next best", "n", fast(1.1))), measured.__getitem__)
     >>> state  # the answer sends more than the expert plan by XLA's measure: the next best is kept
     'n'
+    >>> final_choice(("answer", "a", fast(1.0)), (("expert ceiling", "e", fast(1.2)), ("next best", "n", fast(1.1)),
+    ...              ("expert (f)", "f", fast(3.0))), measured.__getitem__)[0]  # f is leaner in both than n
+    'f'
     """
     got = [(label, state, score, measure_state(state)) for label, state, score in (answer,) + tuple(alternatives)]
     ceiling = next((c for c in got if c[0].startswith("expert ceiling")), got[0])[3]
@@ -153,7 +162,13 @@ def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, An
         return (m.wire_bytes <= ceiling.wire_bytes * (1 + BYTES_TIE)
                 and (m.memory_per_device or 0) <= (ceiling.memory_per_device or 0) * (1 + MEMORY_SLACK))
 
-    kept = min((c for c in got if admitted(c[3])), key=lambda c: c[2].time_s)
+    def dominates(q: Measurement, m: Measurement) -> bool:
+        slack = 1 - BYTES_TIE
+        return (q.wire_bytes < m.wire_bytes * slack
+                and (q.memory_per_device or 0) < (m.memory_per_device or 0) * slack)
+
+    pool = [c for c in got if admitted(c[3]) and not any(dominates(o[3], c[3]) for o in got if o is not c)]
+    kept = min(pool, key=lambda c: c[2].time_s)
     figures = "; ".join(f"{label} {human_bytes(m.wire_bytes)} sent, {human_bytes(m.memory_per_device or 0)} "
                         f"memory, estimated {score.time_s * 1e3:.3f} ms" for label, _, score, m in got)
     return kept[1], f"search arbiter: kept the {kept[0]}; measured by XLA: {figures}"

@@ -111,7 +111,7 @@ def make_plan(
             data_inputs=data_inputs, context=ctx,
         )
         notes = notes + search_notes
-        if arbiter == "search" and found.alternatives and affordable(arbiter, program):  # XLA decides last
+        if arbiter in ("auto", "always", "search") and found.alternatives and affordable(arbiter, program):  # XLA decides last
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
             state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state)
             notes = notes + (note,)

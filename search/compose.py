@@ -18,6 +18,7 @@ from search.objective import Objective
 from search.space import Move, Plan, SearchSpace, TacticAction
 
 BEAM_WIDTH = 6  # on two axes: every single macro is extended, so every ordered pair is tried
+DOMINANCE_TOLERANCE = 0.01  # relative: a plan 1% leaner in both bytes sent and memory dominates
 BEAM_BUDGET = 80  # tactic applications in all (two axes take 56; three 87, cut short with the same answer)
 
 
@@ -50,14 +51,43 @@ def compositions(space: SearchSpace, width: int = BEAM_WIDTH) -> list[Plan]:
 
 
 def expert_plan(space: SearchSpace, width: int = BEAM_WIDTH) -> Plan | None:
-    """The fastest plan that fits the budget among the compositions and the root (the plan before
-    the search), or None without tactics or when none of them fits."""
+    """The plan before the search (the root) when it is the fastest that fits the budget (sharding
+    gains nothing), else the fastest fitting composition that no other composition dominates
+    (:func:`undominated`); None without tactics or when none of them fits."""
     plans = compositions(space, width) if space.macros else []
     if not plans:
         return None
     order = Objective(tolerance=0.0)
-    fitting = [p for p in [Plan(space.root, space.score(space.root), ())] + plans if p.score.feasible]
-    return min(fitting, key=lambda p: order.key(p.score)) if fitting else None
+    root = Plan(space.root, space.score(space.root), ())
+    fitting = [p for p in [root] + plans if p.score.feasible]
+    if not fitting:
+        return None
+    fastest = min(fitting, key=lambda p: order.key(p.score))
+    if fastest is root:  # sharding gains nothing: the plan before the search stays
+        return root
+    return min(undominated([p for p in fitting if p is not root]), key=lambda p: order.key(p.score))
+
+
+def undominated(plans: list[Plan], tolerance: float = DOMINANCE_TOLERANCE) -> list[Plan]:
+    """The plans no other plan dominates: sends fewer bytes *and* holds less memory, each by more
+    than ``tolerance`` (relative). An expert who can have both would not take the heavier plan for
+    a faster step estimate (the estimate the cost model is least sure of), so the ceiling is the
+    fastest plan of this front: the answer, held under it in both, is then dominated by no
+    composition either.
+
+    >>> import types
+    >>> def plan(name, wire, peak):
+    ...     est = types.SimpleNamespace(wire_bytes=wire)
+    ...     return Plan(name, types.SimpleNamespace(estimate=est, peak_bytes=peak), ())
+    >>> [p.state for p in undominated([plan("dp", 50.0, 320), plan("tp", 38.0, 84), plan("none", 0.0, 900)])]
+    ['tp', 'none']
+    """
+    def dominates(q: Plan, p: Plan) -> bool:
+        slack = 1 - tolerance
+        return (q.score.estimate.wire_bytes < p.score.estimate.wire_bytes * slack
+                and q.score.peak_bytes < p.score.peak_bytes * slack)
+
+    return [p for p in plans if not any(dominates(q, p) for q in plans if q is not p)]
 
 
 def ceiling_of(space: SearchSpace, plan: Plan) -> Ceiling:

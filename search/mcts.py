@@ -6,7 +6,7 @@ import dataclasses
 import time
 
 from search.base import SearchResult, SearchStats, check_fields
-from search.compose import expert_ceiling, expert_plan, tactic_compositions
+from search.compose import compositions, expert_ceiling, expert_plan, tactic_compositions, undominated
 from search.objective import Objective
 from search.progress import Progress
 from search.space import Plan, Score, SearchSpace
@@ -102,12 +102,18 @@ class MCTS:
             f"({ceiling.peak_bytes / 2**20:.1f} MiB) per device of the fastest expert plan: {ceiling.source}",)
         anchor = expert_plan(space) if ceiling is not None else None
         return SearchResult(best.state, best.score, best.moves, stats, self.name, notes,
-                            _alternatives(found, anchor, objective))
+                            _alternatives(space, found, anchor, objective))
 
 
-def _alternatives(found: Found, anchor: Plan | None, objective: Objective) -> tuple[tuple[str, object, Score], ...]:
-    """The final candidates besides the answer: the expert ceiling plan and the next best fitting
-    plan met (by the objective)."""
+FRONT_CANDIDATES = 4  # expert compositions of the (bytes, memory) front XLA also measures, fastest first
+
+
+def _alternatives(space: SearchSpace, found: Found, anchor: Plan | None,
+                  objective: Objective) -> tuple[tuple[str, object, Score], ...]:
+    """The final candidates besides the answer: the expert ceiling plan, the next best fitting
+    plan met (by the objective), and the fastest compositions no other composition dominates by
+    estimate (:func:`search.compose.undominated`; at most :data:`FRONT_CANDIDATES`): the plans an
+    expert would weigh, for XLA to measure (:func:`automap.arbiter.final_choice`)."""
     out, seen = [], {found.best.state.key()}
     if anchor is not None and anchor.score.feasible and anchor.state.key() not in seen:
         source = objective.ceiling.source if objective.ceiling else "fastest composition"
@@ -116,4 +122,9 @@ def _alternatives(found: Found, anchor: Plan | None, objective: Objective) -> tu
     rest = objective.best(p for p in found.pool if p.score.feasible and p.state.key() not in seen)
     if rest is not None:
         out.append(("next best", rest.state, rest.score))
+        seen.add(rest.state.key())
+    if anchor is not None:
+        front = sorted(undominated([p for p in compositions(space) if p.score.feasible]), key=lambda p: p.score.time_s)
+        for p in [p for p in front if p.state.key() not in seen][:FRONT_CANDIDATES]:
+            out.append((f"expert ({' + '.join(space.describe(a) for a in p.moves)})", p.state, p.score))
     return tuple(out)
