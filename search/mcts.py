@@ -105,7 +105,7 @@ class MCTS:
                             _alternatives(space, found, anchor, objective))
 
 
-FRONT_CANDIDATES = 4  # expert compositions of the (bytes, memory) front XLA also measures, fastest first
+FRONT_CANDIDATES = 3  # expert compositions of the (bytes, memory) front XLA also measures, fastest first
 
 
 def _alternatives(space: SearchSpace, found: Found, anchor: Plan | None,
