@@ -16,14 +16,14 @@ from __future__ import annotations
 from typing import Sequence
 
 COMBINE_THRESHOLD_BYTES = 30 * 2**20  # XLA's GPU combiners' default threshold (30 MiB)
-# what XLA combines, per topology preset family: XLA:CPU runs only the all-reduce combiner
+# what XLA combines, per platform (Topology.platform): XLA:CPU runs only the all-reduce combiner
 # (measured: 30 reduce-scatters stay 30 on the 2-layer GPT), GPU and TPU all three
 COMBINED_KINDS = {"cpu": ("all-reduce",)}
 DEFAULT_KINDS = ("all-reduce", "all-gather", "reduce-scatter")
 
 
 def combined_kinds(topology) -> tuple[str, ...]:
-    return COMBINED_KINDS.get(topology.name.split("-")[0], DEFAULT_KINDS)
+    return COMBINED_KINDS.get(topology.platform, DEFAULT_KINDS)
 
 GroupKey = tuple  # (kind, axes, region, count, height)
 

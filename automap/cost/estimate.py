@@ -114,7 +114,7 @@ def estimate(state: ShardingState, topology: Topology | None = None, *, donated:
     topology = topology or Topology.preset("cpu-sim")
     program, axes = state.program, state.axes
     device = topology.device
-    flops, dots, traffic, compute = _op_totals(program, op_analyses(state), axes, device)
+    flops, dots, traffic, compute = _op_totals(program, op_analyses(state), axes, device, topology.platform)
     priced = _priced(topology, state)
     collectives, kept = [], []
     all_reshards = reshards(state)
@@ -137,8 +137,9 @@ _EXACT = 2**53  # ints below this are exact as floats: numpy then divides exactl
 
 @dataclasses.dataclass(frozen=True)
 class _OpCosts:
-    """FLOPs, bytes and dot FLOPs of every op (in walk order) from shapes alone, as lists and
-    as float arrays with the trip multipliers (``exact``: every number is below 2**53)."""
+    """FLOPs, bytes and dot FLOPs of every op (in walk order) from shapes alone, as a platform
+    compiles them, as lists and as float arrays with the trip multipliers (``exact``: every number
+    is below 2**53)."""
 
     static: list[tuple[int, int, int]]
     flops: np.ndarray
@@ -148,16 +149,16 @@ class _OpCosts:
     exact: bool
 
     @staticmethod
-    def of(program: Program) -> _OpCosts:
-        got = program.memo.get("op_costs")
+    def of(program: Program, platform: str | None = None) -> _OpCosts:
+        got = program.memo.get(("op_costs", platform))
         if got is None:
             static = [
-                (op_flops(program, op), nbytes, dot_flops(program, op))
+                (op_flops(program, op, platform), nbytes, dot_flops(program, op, platform))
                 for (op, _), nbytes in zip(program.walked, fused_op_bytes(program), strict=True)
             ]
             mults = [mult for _, mult in program.walked]
             exact = all(max(c) < _EXACT for c in static) and max(mults, default=0) < _EXACT
-            got = program.memo["op_costs"] = _OpCosts(
+            got = program.memo[("op_costs", platform)] = _OpCosts(
                 static, np.array([c[0] for c in static], dtype=np.float64),
                 np.array([c[1] for c in static], dtype=np.float64), np.array(mults, dtype=np.float64),
                 tuple(i for i, c in enumerate(static) if c[2]), exact,
@@ -166,12 +167,12 @@ class _OpCosts:
 
 
 def _op_totals(program: Program, analyses: list[Analysis], axes: Mapping[str, int],
-               device: DeviceSpec) -> tuple[float, float, float, float]:
+               device: DeviceSpec, platform: str | None = None) -> tuple[float, float, float, float]:
     """(FLOPs, dot FLOPs, bytes, compute seconds) per device over every op, each op's work split
     by its execution factors. Summed op by op in program order, so numpy's elementwise terms
     are the very floats the Python loop (:func:`_op_totals_loop`) makes; that loop is used where
     a number is too large for a float to hold exactly."""
-    costs = _OpCosts.of(program)
+    costs = _OpCosts.of(program, platform)
     split = np.fromiter(map(_PIECES, analyses), dtype=np.float64, count=len(analyses))
     if not costs.exact or split.max(initial=0) >= _EXACT:
         return _op_totals_loop(program, costs.static, analyses, axes, device)
@@ -269,13 +270,23 @@ def _priced(topology: Topology, state: ShardingState) -> dict[int, tuple]:
 def _is_real_dot(program, op, fax, axes) -> bool:
     """A contraction (by its traits) that stays one in XLA: a convolution, or a matmul whose
     per-device contraction has size > 1 (XLA rewrites a dot with a size-1 contraction, an outer
-    product such as a weight gradient with one example per device, into a multiply)."""
+    product such as a weight gradient with one example per device, into a multiply). A blocked
+    factor in no result is contracted whole (a ragged dot's weight gradient sums over its rows)."""
     traits = traits_of(op.primitive)
     if traits.contraction is None:
         return False
     if not traits.matmul:
         return True
+    rule = op.rule
     contraction = 1
-    for f in op.rule.reduction_factors:
-        contraction *= op.rule.factors[f].size // math.prod(axes[a] for a in fax.get(f, ()))
+    for f in _contracted_factors(rule):
+        contraction *= rule.factors[f].size // math.prod(axes[a] for a in fax.get(f, ()))
     return contraction > 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _contracted_factors(rule) -> tuple[int, ...]:
+    """The reduction factors and the blocked factors of no result."""
+    shown = {f for dims in rule.results for fs in dims for f in fs}
+    return tuple(i for i, f in enumerate(rule.factors)
+                 if f.kind == "reduction" or (f.kind == "blocked" and i not in shown))

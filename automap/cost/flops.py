@@ -1,7 +1,8 @@
 """FLOPs and memory traffic of one op, from shapes alone (global, before partitioning).
 
 What each primitive costs is its record's traits (:mod:`automap.rules.traits`): its ``flops``
-function, its ``fusion`` mode, whether it is a matmul.
+function (or, given a ``platform``, the FLOPs of what that platform compiles:
+:meth:`~automap.rules.traits.Traits.flops_on`), its ``fusion`` mode, whether it is a matmul.
 """
 from __future__ import annotations
 
@@ -19,23 +20,33 @@ def context(program: Program, op: Op) -> RuleContext:
                        op.source)
 
 
-def _flops(program: Program, op: Op, traits: Traits) -> int:
-    if traits.flops is no_flops:
+def _flops(program: Program, op: Op, traits: Traits, platform: str | None) -> int:
+    fn = traits.flops_on(platform)
+    if fn is no_flops:
         return 0
-    return traits.flops(context(program, op), **op.params)
+    return fn(context(program, op), **op.params)
 
 
-def dot_flops(program: Program, op: Op) -> int:
+def dot_flops(program: Program, op: Op, platform: str | None = None) -> int:
     """The FLOPs of a contraction (``2 * |result| * |contraction|`` for dot_general; convolutions
-    too, as :func:`automap.measure` counts XLA's dot and convolution instructions); 0 for
-    anything else."""
+    too, as :func:`automap.measure` counts XLA's dot and convolution instructions) as ``platform``
+    compiles it (None: its own arithmetic); 0 for anything else.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> f = lambda x, w, g: jax.lax.ragged_dot(x, w, g)   # 16 rows, 4 groups of [8, 2] weights
+    >>> prog = lower(jax.make_jaxpr(f)(jnp.ones((16, 8)), jnp.ones((4, 8, 2)), jnp.full(4, 4)), ["x", "w", "g"], ["y"])
+    >>> [dot_flops(prog, prog.ops[0], p) for p in (None, "tpu", "cpu", "gpu")]  # CPU, GPU: a dense dot over all 4
+    [512, 512, 2048, 2048]
+    """
     traits = traits_of(op.primitive)
-    return _flops(program, op, traits) if traits.contraction is not None else 0
+    return _flops(program, op, traits, platform) if traits.contraction is not None else 0
 
 
-def op_flops(program: Program, op: Op) -> int:
-    """Arithmetic of one execution of ``op`` (regions are counted by their own ops)."""
-    return _flops(program, op, traits_of(op.primitive))
+def op_flops(program: Program, op: Op, platform: str | None = None) -> int:
+    """Arithmetic of one execution of ``op`` as ``platform`` compiles it (regions are counted by
+    their own ops)."""
+    return _flops(program, op, traits_of(op.primitive), platform)
 
 
 def op_bytes(program: Program, op: Op) -> int:

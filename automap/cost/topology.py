@@ -178,6 +178,18 @@ class Topology:
         return hash((self.name, self.device, self.levels, tuple(sorted(self.links.items()))))
 
     @property
+    def platform(self) -> str | None:
+        """The JAX backend its devices are (``"cpu"``, ``"gpu"`` or ``"tpu"``), read off the
+        preset family of its name (``cpu-sim``, ``h100-2x8``, ``tpu-v5e-8``, and
+        `default_topology`'s sizes of them); None for a custom name. What a platform's compiler
+        makes of some primitives differs (the FLOPs of a ragged dot, which collectives it combines).
+
+        >>> [Topology.preset(n).platform for n in ("cpu-sim", "h100-2x8", "tpu-v5p-8")]
+        ['cpu', 'gpu', 'tpu']
+        """
+        return _PLATFORMS.get(self.name.split("-")[0])
+
+    @property
     def num_devices(self) -> int | None:
         """Devices in the hierarchy (product of level sizes), None without levels.
 
@@ -349,6 +361,7 @@ def _link(where: str, d: Any) -> Link:
     return Link(float(d["bandwidth"]), float(d["latency"]))
 
 
+_PLATFORMS = {"cpu": "cpu", "h100": "gpu", "tpu": "tpu"}  # preset family -> JAX backend
 _H100 = DeviceSpec("H100-SXM", 989e12, "80GiB", 3.35e12)
 _V5E = DeviceSpec("TPU-v5e", 197e12, "16GiB", 819e9)
 _V5P = DeviceSpec("TPU-v5p", 459e12, "95GiB", 2.76e12)

@@ -83,7 +83,21 @@ def _ragged_flops(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, **_: A
     return 2 * math.prod(ctx.operands[0].shape) * math.prod(n for d, n in enumerate(rhs) if d not in skip)
 
 
-@register("ragged_dot_general", traits=contraction(_ragged_contracted, flops=_ragged_flops))
+def _ragged_dense_flops(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, **params: Any) -> int:
+    """A dense dot over every group, ``g`` times :func:`_ragged_flops` (a ragged batch dim is a plain
+    dot): what XLA:CPU and XLA:GPU run. JAX 0.10 lowers ``ragged_dot_general`` for CPU as a dot of
+    the lhs masked per group (``[g, m, k]``) with the whole rhs; for GPU as ``chlo.ragged_dot``,
+    which XLA:GPU's ``RaggedDotRewriter`` expands the same way (its cuDNN grouped GEMM is behind
+    the experimental flag ``xla_gpu_experimental_use_ragged_dot_fusion``, off by default). TPU
+    runs the ragged dot itself."""
+    dn = ragged_dot_dimension_numbers
+    (_, _), (lb, _) = dn.dot_dimension_numbers
+    groups = 1 if dn.lhs_ragged_dimensions[0] in lb else ctx.operands[2].shape[-1]
+    return groups * _ragged_flops(ctx, ragged_dot_dimension_numbers=dn, **params)
+
+
+@register("ragged_dot_general", traits=contraction(
+    _ragged_contracted, flops=_ragged_flops, platform_flops=(("cpu", _ragged_dense_flops), ("gpu", _ragged_dense_flops))))
 def _ragged_dot_general(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, **_: Any) -> FactorRule:
     """``lax.ragged_dot`` (mixture of experts): rows of ``lhs`` fall into ``g`` contiguous groups
     of ``group_sizes`` rows. A dot_general otherwise, except:

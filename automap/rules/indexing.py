@@ -60,15 +60,14 @@ def _scatter_rule(ctx: RuleContext, dn: Any, combine: bool) -> FactorRule:
     pterm = [next(pool) for _ in range(operand.ndim)]
     iterm = ["."] * indices.ndim
     uterm = ["."] * updates.ndim
-    scatter_dims = [d for d in range(updates.ndim) if d not in update_window]
-    blocked = ""
-    for idim, ud in zip(range(indices.ndim - 1), scatter_dims, strict=True):
-        c = next(pool)
-        iterm[idim] = uterm[ud] = c
-        if not combine:
-            blocked += c  # overwriting scatters cannot sum partial results
-    for pd, idim in zip(op_batch, idx_batch, strict=True):
-        iterm[idim] = pterm[pd]
+    scatter_dims = dict(zip(range(indices.ndim - 1), (d for d in range(updates.ndim) if d not in update_window),
+                            strict=True))  # index dim -> the updates' dim it runs along
+    for idim, ud in scatter_dims.items():
+        iterm[idim] = uterm[ud] = next(pool)
+    for pd, idim in zip(op_batch, idx_batch, strict=True):  # a batch dim: operand, indices and updates alike
+        iterm[idim] = uterm[scatter_dims[idim]] = pterm[pd]
+    # overwriting scatters cannot sum partial results: their scattered dims stay whole
+    blocked = "" if combine else "".join(iterm[i] for i in scatter_dims if i not in idx_batch)
     window = [d for d in range(operand.ndim) if d not in inserted and d not in op_batch]
     for pd, ud in zip(window, update_window, strict=True):
         if pd not in indexed and updates.shape[ud] == operand.shape[pd]:

@@ -5,7 +5,8 @@ it, so that none of them keeps its own list of names:
 
 - ``flops``: the arithmetic of one execution, ``flops(ctx, **params)`` from the op's global
   shapes (the rule's :class:`~automap.rules.registry.RuleContext` and params, like a rule);
-  data movement is :func:`no_flops`.
+  data movement is :func:`no_flops`. ``platform_flops``: where a platform compiles the primitive
+  to more (or less) work than its arithmetic, that platform's FLOPs (:meth:`Traits.flops_on`).
 - ``fusion``: how XLA's loop fusion treats it (:data:`Fusion`).
 - ``memory``: which of its values exist as buffers (:data:`Memory`).
 - ``emit``: what emission does around it (:data:`Emit`): pin its results (the anchors of the
@@ -113,6 +114,7 @@ class Traits:
     contraction: Contraction | None = None
     lookup: Lookup | None = None
     workspace: BytesFn | None = None
+    platform_flops: tuple[tuple[str, FlopsFn], ...] = ()  # (platform, flops) where it compiles otherwise
 
     def __post_init__(self) -> None:
         for field, mode in (("fusion", Fusion), ("memory", Memory), ("emit", Emit)):
@@ -121,6 +123,20 @@ class Traits:
                 raise ValueError(f"Traits.{field}={getattr(self, field)!r} is not one of {allowed}")
         if not callable(self.flops):
             raise TypeError(f"Traits.flops must be a function flops(ctx, **params) -> int, got {self.flops!r}")
+
+    def flops_on(self, platform: str | None) -> FlopsFn:
+        """The FLOPs function of what ``platform`` (``"cpu"``, ``"gpu"``, ``"tpu"``, see
+        :attr:`automap.cost.topology.Topology.platform`) compiles: ``flops`` unless
+        ``platform_flops`` says otherwise (None: the primitive's own arithmetic).
+
+        >>> t = contraction(lambda ctx, **_: ((1,), (0,)), platform_flops=(("cpu", lambda ctx, **_: 0),))
+        >>> t.flops_on("cpu") is t.flops, t.flops_on("tpu") is t.flops, t.flops_on(None) is t.flops
+        (False, True, True)
+        """
+        for name, fn in self.platform_flops:
+            if name == platform:
+                return fn
+        return self.flops
 
     @property
     def materializing(self) -> bool:
@@ -197,9 +213,11 @@ UNKNOWN = Traits(output_elements, "kernel", "kernel")
 from and its result written to memory, one FLOP per result element, not pinned."""
 
 
-def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsFn | None = None) -> Traits:
+def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsFn | None = None,
+                platform_flops: tuple[tuple[str, FlopsFn], ...] = ()) -> Traits:
     """Traits of a contraction summing over ``dims(ctx, **params)`` of each operand: its own
-    kernel, results pinned by emission, FLOPs ``2 * |result| * |contraction|`` unless given.
+    kernel, results pinned by emission, FLOPs ``2 * |result| * |contraction|`` unless given
+    (``platform_flops``: what some platforms compile instead, :meth:`Traits.flops_on`).
 
     >>> t = contraction(lambda ctx, **_: ((1,), (0,)))  # x[m, k] @ w[k, n]
     >>> from automap.rules.registry import RuleContext, Shaped
@@ -208,7 +226,8 @@ def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsF
     (128, True, True, True)
     """
     shape = Contraction(dims, kind)
-    return Traits(flops or shape.flops, "kernel", "kernel", emit="pin", contraction=shape)
+    return Traits(flops or shape.flops, "kernel", "kernel", emit="pin", contraction=shape,
+                  platform_flops=tuple(platform_flops))
 
 
 # ---------------------------------------------------------------------------------------------

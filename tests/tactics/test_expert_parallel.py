@@ -82,14 +82,13 @@ def test_expert_parallel_on_gshard_einsum_moe(batch):
     if batch == 4:  # 4 sequences cannot split over 8 devices: the tokens stay whole on 'model', no all-to-all
         assert specs["batch/tokens"] == ("data",)
         assert any("skips tokens batch/tokens" in n for n in plan.notes)
-        assert _estimated_kinds(plan) == {"all-reduce", "all-gather"}  # the gather: 128 B at the embedding's scatter
-        assert set(measured.collectives) == {"all-reduce"}
+        # the embedding gradient's scatter-add takes its updates as the tokens are (no gather of them)
+        assert _estimated_kinds(plan) == set(measured.collectives) == {"all-reduce"}
         assert measured.collective_bytes == sum(c.bytes * c.count for c in plan.estimate.collectives
                                                 if c.kind == "all-reduce")
     else:  # GShard's layout: tokens over both axes, the dispatch and combine become all-to-alls
         assert specs["batch/tokens"] == (("data", "model"),)
-        assert _estimated_kinds(plan) == {"all-reduce", "all-gather", "all-to-all"}
-        assert set(measured.collectives) == {"all-reduce", "all-to-all"}
+        assert _estimated_kinds(plan) == set(measured.collectives) == {"all-reduce", "all-to-all"}
         a2a = [c for c in plan.estimate.collectives if c.kind == "all-to-all"]
         assert {c.module for c in a2a} == {"gsec,gsd->egcd", "gsec,egcd->gsd"}  # the dispatch and the combine
         # XLA sends the expert outputs to the tokens once for the combine and its gradient; the

@@ -44,6 +44,9 @@ ROWS = [
         P("data"), set()),
     row("take_along_classes_sharded", xent, [(16, V), ints((16,), V)], {"logits": P("data", "model")},
         P("data"), {"all-reduce"}),
+    # its gradient: a scatter-add with batching dims, the updates' batch dim the operand's (no gather of them)
+    row("take_along_grad_batch", lambda x, i, g: jax.vjp(lambda x: xent(x, i), x)[1](g)[0],
+        [(16, V), ints((16,), V), (16,)], {"x": P("data"), "i": P("data"), "g": P("data")}, P("data"), set()),
     # the cross-entropy of vocab-parallel logits: two partial results (the logsumexp's max and
     # sum) and the label's logit
     row("xent_vocab_parallel", xent_loss, [(16, V), ints((16,), V)],

@@ -171,20 +171,44 @@ def test_a_new_contraction_is_one_entry(tables):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6 * float(np.abs(b).max()))
 
 
-def test_ragged_dot_flops_count_each_row_against_one_group():
-    import jax
-    import jax.numpy as jnp
+RAGGED = dict(m=12, k=8, n=4, g=3)
 
+
+def _ragged_loss(x, w, sizes):
+    return jax.lax.ragged_dot(x, w, sizes).sum()
+
+
+def _ragged_args():
+    m, k, n, g = (RAGGED[c] for c in "mkng")
+    return jnp.ones((m, k)), jnp.ones((g, k, n)), jnp.array([4, 4, 4], jnp.int32)
+
+
+@pytest.mark.parametrize("platform, groups", [(None, 1), ("tpu", 1), ("cpu", RAGGED["g"]), ("gpu", RAGGED["g"])])
+def test_ragged_dot_flops_are_what_the_platform_compiles(platform, groups):
+    """Each row against one group's weights (its arithmetic, TPU's ragged dot); XLA:CPU and
+    XLA:GPU run a dense dot over every group, ``g`` times that."""
     from automap.ir.lower import lower
-    from automap.cost.flops import op_flops
 
-    m, k, n, g = 12, 8, 4, 3
-    sizes = jnp.array([4, 4, 4], jnp.int32)
+    m, k, n = RAGGED["m"], RAGGED["k"], RAGGED["n"]
+    grad = jax.make_jaxpr(jax.value_and_grad(_ragged_loss, argnums=(0, 1)))(*_ragged_args())
+    prog = lower(grad, ["x", "w", "sizes"], ["loss", "dx", "dw"])
+    ragged = [op for op in prog.all_ops if op.primitive == "ragged_dot_general"]
+    flops = [op_flops(prog, op, platform) for op in ragged]
+    assert flops == [dot_flops(prog, op, platform) for op in ragged]
+    assert flops == [2 * m * k * n * groups] * 3  # forward, input gradient, weight gradient
 
-    def f(x, w):
-        return jax.lax.ragged_dot(x, w, sizes).sum()
 
-    grad = jax.make_jaxpr(jax.value_and_grad(f, argnums=(0, 1)))(jnp.ones((m, k)), jnp.ones((g, k, n)))
-    prog = lower(grad, ["x", "w"], ["loss", "dx", "dw"])
-    flops = sorted(op_flops(prog, op) for op in prog.all_ops if op.primitive == "ragged_dot_general")
-    assert flops == [2 * m * k * n] * 3  # forward, input gradient, weight gradient
+def test_ragged_dot_flops_estimated_on_cpu_equal_xlas():
+    """The estimate of a ragged dot's forward and backward, its weights split over 'model',
+    counts the dot FLOPs XLA:CPU compiles (the weight gradient, a contraction over the blocked
+    rows, included)."""
+    from jax.sharding import PartitionSpec as P
+
+    mesh = automap.make_mesh({"data": 2, "model": 4})
+    fn = jax.value_and_grad(_ragged_loss, argnums=(0, 1))
+    step = automap.automap(fn, mesh=mesh, search=None, tactics=[tactics.manual([("^w$", P(None, None, "model"))])])
+    args = _ragged_args()
+    plan = step.plan(*args)
+    measured = automap.measure(step.lower(*args).compile())
+    m, k, n, g = (RAGGED[c] for c in "mkng")
+    assert plan.estimate.dot_flops == measured.dot_flops == 3 * 2 * m * k * g * n // 4
