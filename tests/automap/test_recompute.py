@@ -28,12 +28,31 @@ def _gpt():
     return w, state, batch
 
 
+MESH = {"data": 2, "model": 4}
+DP = tactics.data_parallel("data")
+EXPERT_PLANS = {  # as benchmarks/fidelity.py and benchmarks/remat.py name them
+    "data_parallel": DP,
+    "megatron_dp": tactics.schedule(DP, tactics.megatron("model")),
+    "fsdp": tactics.schedule(tactics.fsdp("data"), tactics.fsdp("model")),
+    "fsdp_tp": tactics.fsdp_tp(),
+}
+
+
 @functools.lru_cache(maxsize=None)
-def _dp_plan():
+def _planned(name: str, **options):
+    """(the partitioned step, its plan, XLA's measure of what it compiles) for an expert plan
+    (``name``) or the default plan (``"default"``, with ``options``)."""
     w, state, batch = _gpt()
-    mesh = automap.make_mesh({"data": 2, "model": 4})
-    step = automap.partition(w.train_step, mesh=mesh, tactics=[tactics.data_parallel("data")], search=None)
-    return mesh, step.plan(state, batch)
+    mesh = automap.make_mesh(MESH)
+    if name != "default":
+        options = dict(tactics=[EXPERT_PLANS[name]], search=None)
+    step = automap.partition(w.train_step, mesh=mesh, arbiter=None, **options)
+    return step, step.plan(state, batch), automap.measure(step.lower(state, batch).compile())
+
+
+def _dp_plan():
+    step, plan, _ = _planned("data_parallel")
+    return step.mesh, plan
 
 
 def _run(state, mesh):
@@ -54,7 +73,7 @@ def test_recomputed_gpt_equals_the_unsharded_step_and_holds_less_memory():
     rstate = recompute_state(plan.state, blocks)
     assert rstate.program.recomputed == blocks
     est_kept, est_redone = estimate(plan.state), estimate(rstate)
-    kept, outs = _run(plan.state, mesh)
+    kept = _planned("data_parallel")[2]
     redone, routs = _run(rstate, mesh)
     w, params, batch = _gpt()
     want = jax.tree.leaves(jax.jit(w.train_step)(params, batch))
@@ -76,3 +95,17 @@ def test_recompute_skips_what_is_not_a_block_and_is_idempotent():
     once = recompute_state(plan.state, ["GPT/blocks_1"])
     assert recompute_state(once, ["GPT/blocks_1"]) is once
     assert once.program.recomputed == ("GPT/blocks_1",)
+
+
+def test_under_a_budget_below_every_expert_plan_the_default_plan_recomputes_and_fits():
+    """Issue 21's done-when: under 0.8x the smallest XLA-measured memory per device of the
+    expert plans, the default plan fits by XLA's measure, with the unsharded step's loss."""
+    experts = {name: _planned(name)[2].memory_per_device for name in EXPERT_PLANS}
+    budget = int(0.8 * min(experts.values()))
+    step, plan, got = _planned("default", memory_budget=budget)
+    assert plan.state.program.recomputed  # no plan fitted without recomputation
+    assert f"recomputed in the backward (activation checkpointing): {plan.state.program.recomputed[0]}" in plan.report()
+    assert plan.estimate.peak_memory_bytes <= budget
+    assert got.memory_per_device <= budget, (got.memory, budget, experts)
+    w, state, batch = _gpt()
+    np.testing.assert_allclose(step(state, batch)[1], jax.jit(w.train_step)(state, batch)[1], rtol=1e-5)
