@@ -228,6 +228,8 @@ def recompute(program: Program, blocks: Iterable[str]) -> Program:
             continue
         program = _with_clones(program, s, block)
         done.append(block)
+    if tuple(done) == program.recomputed:
+        return program
     return dataclasses.replace(program, recomputed=tuple(done), memo={})
 
 
