@@ -51,8 +51,10 @@ def expert_memory(w, mesh, state, batch) -> dict[str, int]:
 
 def without_recompute(plan) -> ShardingState:
     """The plan's state on the program as traced (the recomputed copies dropped)."""
-    specs = {v: s for v, s in plan.state.specs.items() if v < len(plan.program.values)}
-    return ShardingState(plan.program, plan.state.axes, specs)
+    n, state = len(plan.program.values), plan.state
+    return ShardingState(plan.program, state.axes, {v: s for v, s in state.specs.items() if v < n},
+                         {k: p for k, p in state.priority.items() if k[0] < n}, state.frozen, state.next_priority,
+                         state.labels)
 
 
 def main() -> None:
@@ -76,6 +78,9 @@ def main() -> None:
         print(f"  {name:<14} {nbytes:>12,} B")
     print(f"memory budget ({args.ratio} x the smallest): {budget:,} B")
     print(f"default plan: recomputes {', '.join(plan.state.program.recomputed) or 'nothing'}")
+    for note in plan.notes:
+        if "recompute" in note:
+            print(f"  {note}")
     print(f"  XLA memory per device {memory:,} B ({memory / budget:.3f}x the budget: "
           f"{'fits' if memory <= budget else 'OVER'}); estimated {with_est.peak_memory_bytes:,} B")
     print(f"  same plan without recompute: estimated {without_est.peak_memory_bytes:,} B")

@@ -4,12 +4,14 @@ Recomputation (:mod:`automap.ir.recompute`) trades a block's forward FLOPs for i
 memory. It is tried only when the search found nothing within the budget: on each of the fastest
 plans the search scored (and its answer), blocks are added greedily, the most memory saved per
 second of recomputation first, until the plan fits; the fitting plan the objective orders first
-wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time).
+wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
+where compiling is affordable, XLA's measure of the chosen plan decides whether more blocks must
+be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from automap.ir.recompute import recompute_state, repeated_blocks
 from automap.report import human_bytes
@@ -64,3 +66,24 @@ def fit_by_recompute(space: SearchSpace, answer: ShardingState,
     candidates: Sequence[ShardingState] = [answer] + space.fastest_states()
     found = [got for got in map(lambda s: greedy_recompute(space, s), candidates) if got is not None]
     return min(found, key=lambda r: objective.key(r.score), default=None)
+
+
+def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[ShardingState], Any],
+                   topology: Any = None, donated: Sequence[int] = ()) -> tuple[ShardingState, str]:
+    """XLA has the last word on a recomputing plan: while the compiled program's memory per
+    device (``measure_state``) is over ``budget``, recompute one more block, the one the cost
+    model says saves the most. Returns the state and a note of what XLA measured."""
+    from automap.cost import estimate
+
+    got = measure_state(state).memory_per_device
+    seen = [f"{human_bytes(got)}"]
+    while got is not None and got > budget:
+        left = [b for b in repeated_blocks(state.program) if b not in state.program.recomputed]
+        if not left:
+            break
+        state = min((recompute_state(state, [b]) for b in left),
+                    key=lambda s: estimate(s, topology, donated=donated).peak_memory_bytes)
+        got = measure_state(state).memory_per_device
+        seen.append(f"{human_bytes(got)} recomputing {state.program.recomputed[-1]} too")
+    verdict = "within" if got is not None and got <= budget else "still over"
+    return state, f"recompute: XLA measured {', then '.join(seen)}: {verdict} the budget of {human_bytes(budget)}"

@@ -77,19 +77,85 @@ def repeated_blocks(program: Program, min_repeats: int = 2) -> tuple[str, ...]:
         stems.setdefault((parent, _NUMBERED.match(last).group(1)), []).append(path)  # type: ignore[union-attr]
     out = [p for group in stems.values() if len(group) >= min_repeats for p in group]
     outer = {p for p in out if not any(p.startswith(q + "/") for q in out)}  # ln1/ln2 inside blocks_0: one block
-    return tuple(p for p in seen if p in outer and _block_ops(program, p))
+    named = tuple(p for p in seen if p in outer and _block_ops(program, p))
+    if named:
+        return named
+    return tuple(b for b in structural_blocks(program, min_repeats) if _block_ops(program, b))
 
 
-def _in_block(op: Op, block: str) -> bool:
-    return op.name == block or op.name.startswith(block + "/")
+def structural_blocks(program: Program, min_repeats: int = 2) -> dict[str, tuple[int, ...]]:
+    """Layers found by structure, for a model without named scopes: the inputs the forward
+    reads, grouped by path with its numbers left out, shape and dtype; the groups with the most
+    members (at least ``min_repeats``, one per layer) give each layer's parameters, and layer
+    ``i`` is the forward ops from the first read of a layer-``i`` parameter to the first read of
+    a layer-``i + 1`` one (the last layer: as many ops as the one before). Named by the common path of the
+    layer's parameters (``state/params/layers/0``), or ``layer i``.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> def loss(ws, x):
+    ...     for w in ws:
+    ...         x = jnp.tanh(x @ w)
+    ...     return x.sum()
+    >>> a = jnp.ones((4, 4))
+    >>> prog = lower(jax.make_jaxpr(jax.grad(loss))([a, a], a), ["ws/0", "ws/1", "x"], ["g/0", "g/1"])
+    >>> {name: len(ops) for name, ops in structural_blocks(prog).items()}
+    {'ws/0': 3, 'ws/1': 3}
+    """
+    key = ("structural_blocks", min_repeats)
+    if key in program.memo:
+        return program.memo[key]
+    forward = [(i, op) for i, op in enumerate(program.ops) if op.phase == "forward"]
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, op in forward:
+        for v in op.inputs:
+            if program.values[v].kind == "input":
+                first.setdefault(v, i)
+                last[v] = i
+    alike: dict[tuple, list[int]] = {}  # the same path but for its numbers, shape and dtype: one per layer
+    for v in first:
+        value = program.values[v]
+        alike.setdefault((re.sub(r"\d+", "#", value.name), value.shape, str(value.dtype)), []).append(v)
+    groups = [sorted(g, key=first.__getitem__) for g in alike.values() if len(g) >= min_repeats]
+    n = max((len(g) for g in groups), default=0)
+    layers = [[g[i] for g in groups if len(g) == n] for i in range(n)]
+    out: dict[str, tuple[int, ...]] = {}
+    starts = [min(first[v] for v in params) for params in layers]
+    if n and starts == sorted(starts) and len(set(starts)) == n:
+        # the last layer is as long as the one before (identical layers), or ends at its last read
+        ends = starts[1:] + [2 * starts[-1] - starts[-2] if n > 1 else max(last[v] for v in layers[-1]) + 1]
+        for i, (params, start, end) in enumerate(zip(layers, starts, ends, strict=True)):
+            paths = [program.values[v].name.split("/") for v in params]
+            common = [p[0] for p in zip(*paths) if len(set(p)) == 1]
+            name = "/".join(common) or f"layer {i}"
+            out[name if name not in out else f"layer {i}"] = tuple(op.id for j, op in forward if start <= j < end)
+    program.memo[key] = out
+    return out
 
 
 def _block_ops(program: Program, block: str) -> list[Op]:
-    """The block's forward top-level ops; empty if one holds a region or sits in a user's remat."""
-    ops = [op for op in program.ops if op.phase == "forward" and _in_block(op, block)]
+    """The block's forward top-level ops (under the module path ``block``, or the layer of
+    :func:`structural_blocks` so named); empty if one holds a region or sits in a user's remat."""
+    ids = structural_blocks(program).get(block) if block not in _paths(program) else None
+    if ids is not None:
+        ids = set(ids)
+        ops = [op for op in program.ops if op.id in ids]
+    else:
+        ops = [op for op in program.ops
+               if op.phase == "forward" and (op.name == block or op.name.startswith(block + "/"))]
     if any(op.regions or op.remat for op in ops):
         return []
     return ops
+
+
+def _paths(program: Program) -> frozenset[str]:
+    """Every module path of a forward op and its prefixes."""
+    got = program.memo.get("module_paths")
+    if got is None:
+        parts = {tuple(op.name.split("/")) for op in program.ops if op.phase == "forward" and op.name}
+        got = program.memo["module_paths"] = frozenset("/".join(p[:i + 1]) for p in parts for i in range(len(p)))
+    return got
 
 
 @dataclasses.dataclass(frozen=True)
