@@ -37,34 +37,42 @@ class Recomputed:
         )
 
 
-def greedy_recompute(space: SearchSpace, state: ShardingState) -> Recomputed | None:
-    """``state`` with the fewest blocks recomputed, added by memory saved per second of recompute
-    (each block measured alone), that fits ``space``'s budget; None if even all of them do not."""
+def recompute_order(space: SearchSpace, state: ShardingState) -> list[str]:
+    """The repeated blocks whose recomputation alone lowers ``state``'s peak, the most memory
+    saved per second of recompute first."""
     before = space.score(state)
-    blocks = repeated_blocks(state.program)
     gains = []
-    for i, block in enumerate(blocks):
+    for i, block in enumerate(repeated_blocks(state.program)):
         score = space.rescore(recompute_state(state, [block]))
         saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
         if saved > 0:
             gains.append((-saved / slower, i, block))
-    chosen: list[str] = []
-    for _, _, block in sorted(gains):
-        chosen.append(block)
-        ordered = [b for b in blocks if b in chosen]  # recomputed in program order
-        got = recompute_state(state, ordered)
+    return [block for _, _, block in sorted(gains)]
+
+
+def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[str]) -> Recomputed | None:
+    """``state`` with the fewest blocks of ``order`` recomputed, taken in that order, that fits
+    ``space``'s budget; None if even all of them do not."""
+    blocks = repeated_blocks(state.program)
+    for k in range(1, len(order) + 1):
+        chosen = [b for b in blocks if b in order[:k]]  # recomputed in program order
+        got = recompute_state(state, chosen)
         score = space.rescore(got)
         if score.feasible:
-            return Recomputed(got, score, tuple(ordered), before)
+            return Recomputed(got, score, tuple(chosen), space.score(state))
     return None
 
 
 def fit_by_recompute(space: SearchSpace, answer: ShardingState,
                      objective: Objective = Objective()) -> Recomputed | None:
     """The best plan (by ``objective``) among the fastest plans ``space`` scored and ``answer``,
-    each made to fit by :func:`greedy_recompute`; None if none can be."""
+    each made to fit by :func:`greedy_recompute` in the order the answer's blocks save memory
+    (:func:`recompute_order`; the blocks are alike, whatever the layout); None if none can be."""
+    order = recompute_order(space, answer)
+    if not order:
+        return None
     candidates: Sequence[ShardingState] = [answer] + space.fastest_states()
-    found = [got for got in map(lambda s: greedy_recompute(space, s), candidates) if got is not None]
+    found = [got for got in (greedy_recompute(space, s, order) for s in candidates) if got is not None]
     return min(found, key=lambda r: objective.key(r.score), default=None)
 
 
