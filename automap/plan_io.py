@@ -13,7 +13,9 @@ The file (format ``automap-plan``, version 1) holds:
 - ``values``: ``[value id, spec]`` for every sharded value (intermediates included),
   ``priority`` / ``labels``: which decision sharded each dim (what the cost model needs), ``pins``:
   the value ids that get sharding constraints, ``notes``, and ``ops`` (one line per op, only used to
-  say what changed).
+  say what changed); ``recomputed`` (only when there are any): the blocks whose residuals the
+  backward recomputes (:mod:`automap.ir.recompute`, applied again on loading: the copies' value
+  ids are the same for the same program).
 
 Using a stored plan re-propagates nothing: the function is traced and lowered, its fingerprint
 and the mesh are checked, and the stored specs are set as they are.
@@ -158,7 +160,7 @@ def to_json(plan: Any) -> dict:
         "pins": sorted(plan.pins),
         "notes": list(plan.notes),
         "ops": op_lines(program),
-    }
+    } | ({"recomputed": list(state.program.recomputed)} if state.program.recomputed else {})
 
 
 def save(plan: Any, path: str | os.PathLike) -> None:
@@ -270,17 +272,19 @@ class StoredPlan:
     ) -> Any:
         """Trace and lower ``fn(*args)``, check it against the stored plan, and set the stored specs."""
         from automap.api import Plan
+        from automap.ir.recompute import recompute
         from automap.planner import donated_inputs, trace_and_lower
 
         traced, program = trace_and_lower(fn, args, static_argnums=static_argnums, strict=strict)
         self.check_program(program)
         from automap.plan_schema import check_program_ids
 
-        check_program_ids(self.data, self.source, program)
-        axes = _mesh_axes(self.mesh)
         d = self.data
+        planned = recompute(program, d.get("recomputed", ()))  # the blocks the plan recomputes, if any
+        check_program_ids(self.data, self.source, planned)
+        axes = _mesh_axes(self.mesh)
         state = ShardingState(
-            program, axes,
+            planned, axes,
             specs={int(v): _spec(s) for v, s in d["values"]},
             priority={(int(v), int(dim)): int(p) for v, dim, p in d["priority"]},
             next_priority=int(d["next_priority"]),

@@ -8,6 +8,7 @@ from jax.sharding import Mesh
 
 from automap import _compat, emit
 from automap.arbiter import affordable, final_choice
+from automap.cost import default_topology
 from automap.ir.lower import lower
 from automap.rules.user_annotations import fix_user_shardings
 from automap.shardings import ShardingState
@@ -111,7 +112,15 @@ def make_plan(
             data_inputs=data_inputs, context=ctx,
         )
         notes = notes + search_notes
-        if arbiter in ("auto", "always", "search") and found.alternatives and affordable(arbiter, program):  # XLA decides last
+        if state.program.recomputed and affordable(arbiter, program):  # XLA has the last word on memory
+            from search.planning import budget_bytes
+            from search.recompute import fit_by_measure
+
+            measure_state = _state_measurer(traced, program, mesh, pairs, pins)
+            budget = budget_bytes(memory_budget, topology or default_topology())
+            state, note = fit_by_measure(state, budget, measure_state, topology, tuple(donated))
+            notes = notes + (note,)
+        elif found.alternatives and affordable(arbiter, program):  # XLA decides last
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
             state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state)
             notes = notes + (note,)

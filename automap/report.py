@@ -205,6 +205,9 @@ def format_report(plan: Any, full: bool = False) -> str:
            "(report(full=True) lists every leaf)")
     )
     lines.append(f"  pinned intermediates: {len(plan.pins)}")
+    recomputed = plan.state.program.recomputed
+    if recomputed:  # a memory budget no plan met otherwise (search/recompute.py)
+        lines.append(f"  recomputed in the backward (activation checkpointing): {', '.join(recomputed)}")
     lines += rules_lines(program)
     for note in plan.notes:
         lines.append(f"  note: {note}")

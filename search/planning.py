@@ -1,6 +1,7 @@
 """The search step of planning: fill what the tactics left open, under a memory budget."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from automap.cost import Topology, default_topology, parse_bytes
@@ -50,17 +51,25 @@ def run_search(
         context=context,
     )
     result = searcher.search(space)
+    recomputing: tuple[str, ...] = ()
+    if not result.score.feasible:  # trade FLOPs for memory: recompute blocks on the fastest plans
+        from search.recompute import fit_by_recompute
+
+        got = fit_by_recompute(space, result.state)
+        if got is not None:
+            result = dataclasses.replace(result, state=got.state, score=got.score, alternatives=())
+            recomputing = (got.note(),)
     if not result.score.feasible:
         best = min(space._scores.values(), key=lambda s: s.peak_bytes)
         raise MemoryBudgetError(
             f"no plan found within the memory budget of {human_bytes(budget)} per device: the smallest "
             f"per-device peak explored was {human_bytes(best.peak_bytes)} ({result.stats.states_evaluated} "
-            f"plans evaluated). Largest inputs per device in the best plan: {_largest_inputs(result.state)}. Raise "
+            f"plans evaluated; recomputing the repeated blocks did not fit either). Largest inputs per device in the best plan: {_largest_inputs(result.state)}. Raise "
             "memory_budget, use a larger mesh, or add tactics (fsdp, megatron) that shard these values"
         )
     notes = (
         f"search {result.searcher}: {result.stats.episodes} episodes, {result.stats.states_evaluated} plans "
         f"evaluated in {result.stats.wall_time_s:.2f} s; estimated step {result.score.time_s * 1e3:.3f} ms, "
         f"peak {human_bytes(result.score.peak_bytes)}/device (budget {human_bytes(budget)})",
-    ) + tuple(f"search: {d}" for d in result.describe(space)) + tuple(f"search: {n}" for n in result.notes)
+    ) + tuple(f"search: {d}" for d in result.describe(space)) + tuple(f"search: {n}" for n in result.notes + recomputing)
     return result.state, result, notes

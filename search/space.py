@@ -8,6 +8,7 @@ reward is shaped by ``(budget / peak) ** 2`` so that the search can climb back u
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 from typing import Any, Callable, NamedTuple, Sequence, Union
 
@@ -38,6 +39,7 @@ class TacticAction:
 
 Move = Union[GroupAction, TacticAction]
 MACROS: dict[str, Callable[[str], Any]] = {}
+FASTEST = 8  # states kept (fastest first) for what follows a search that fits nothing (recomputation)
 
 
 def _macros() -> dict[str, Callable[[str], Any]]:
@@ -142,6 +144,7 @@ class SearchSpace:
         self.macros = tuple(macros) if context is not None else ()
         self._macro_results: dict[tuple, ShardingState | None] = {}
         self._scores: dict[frozenset, Score] = {}
+        self.fastest: list[tuple[float, int, ShardingState]] = []  # (-time, order, state): the FASTEST fastest scored
         self.memo: dict[str, Any] = {}  # what a stage computes once per space (the compositions)
         self.evaluations = 0
         self.eval_time_s = 0.0
@@ -235,4 +238,18 @@ class SearchSpace:
         got = self._scores.get(key)
         if got is None:
             got = self._scores[key] = self._raw(state)
+            entry = (-got.time_s, self.evaluations, state)  # the slowest on top, to be dropped first
+            if len(self.fastest) < FASTEST:
+                heapq.heappush(self.fastest, entry)
+            elif entry > self.fastest[0]:
+                heapq.heapreplace(self.fastest, entry)
         return got
+
+    def rescore(self, state: ShardingState) -> Score:
+        """:meth:`score` for a state its key does not identify (a recomputing program, whose
+        copies' ids may recur in another one): not cached."""
+        return self._raw(state)
+
+    def fastest_states(self) -> list[ShardingState]:
+        """The fastest states scored so far (at most ``FASTEST``), fastest first, fitting or not."""
+        return [state for _, _, state in sorted(self.fastest, reverse=True)]

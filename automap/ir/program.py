@@ -114,6 +114,8 @@ class Program:
     input_paths: tuple[str, ...]
     output_paths: tuple[str, ...]
     remat_calls: Mapping[int, RematCall] = dataclasses.field(default_factory=dict)
+    recomputed: tuple[str, ...] = ()  # blocks whose residuals the backward recomputes (ir/recompute.py)
+    copies: Mapping[int, int] = dataclasses.field(default_factory=dict)  # recomputed value -> its original
     memo: dict = dataclasses.field(default_factory=dict, repr=False)  # derived data, e.g. per-op costs
 
     def value(self, vid: int) -> Value:

@@ -1,0 +1,349 @@
+"""Activation recomputation after differentiation: a block's residuals recomputed in the backward.
+
+The traced train step already holds ``jax.grad``'s backward pass, so the values the backward
+reads from the forward (the residuals) are ordinary values of the program. To recompute a block
+(the forward ops under one module path, e.g. ``GPT/blocks_1``), :func:`recompute` clones the
+forward ops that make its residuals into the backward, just before the first backward op that
+reads one, and points the backward readers at the clones: the residuals die with the block's
+forward, and only the block's inputs (its checkpoint: the previous block's output, the
+parameters) stay live. The clones read their activation inputs plus an exact zero computed from
+a backward value of the same shape made just before (in a residual network, the cotangent of the
+block's output), then through one ``optimization_barrier`` as ``jax.checkpoint`` lowers: the data
+dependence keeps XLA from running the recomputation early or merging it into the forward (XLA:CPU
+expands optimization barriers before its CSE pass, jax 0.10.2: there ``jax.checkpoint`` alone
+recomputes nothing).
+
+Values the block hands to forward ops outside it (its output) and program outputs are kept, not
+recomputed. Blocks holding control flow or a user's ``remat`` are left alone.
+
+>>> import jax, jax.numpy as jnp
+>>> from automap.ir.lower import lower
+>>> def loss(w, x):
+...     with jax.named_scope("block_0"):
+...         h = jnp.tanh(x @ w)
+...     return (h @ w).sum()
+>>> a = jnp.ones((4, 4))
+>>> prog = lower(jax.make_jaxpr(jax.grad(loss))(a, a), ["w", "x"], ["g"])
+>>> repeated_blocks(prog), repeated_blocks(prog, min_repeats=1)
+((), ('block_0',))
+>>> new = recompute(prog, ["block_0"])
+>>> len(new.all_ops) - len(prog.all_ops), new.recomputed   # a barrier, the dot, the tanh and its 1 - tanh
+(4, ('block_0',))
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterable, Sequence
+
+import jax
+
+from automap import _compat
+from automap.ir.program import Op, Program, Value
+from automap.rules import registry
+from automap.rules.registry import RuleContext, Shaped
+from automap.shardings import ShardingState
+
+_NUMBERED = re.compile(r"^(.*?)_?(\d+)$")
+
+
+def repeated_blocks(program: Program, min_repeats: int = 2) -> tuple[str, ...]:
+    """Module paths of repeated blocks, in forward order: a path whose last part is numbered
+    (``blocks_0``, ``layer3``) with at least ``min_repeats`` numbered siblings of the same stem
+    (``GPT/blocks_0``, ``GPT/blocks_1``), not inside another such block, and forward ops under
+    it that can be recomputed.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> def f(x):
+    ...     for i in range(2):
+    ...         with jax.named_scope(f"layer_{i}"):
+    ...             x = jnp.sin(x)
+    ...     return x
+    >>> repeated_blocks(lower(jax.make_jaxpr(f)(jnp.ones(3)), ["x"], ["y"]))
+    ('layer_0', 'layer_1')
+    """
+    seen: dict[str, None] = {}
+    for op in program.ops:
+        if op.phase != "forward" or not op.name:
+            continue
+        parts = op.name.split("/")
+        for i, part in enumerate(parts):
+            if _NUMBERED.match(part):
+                seen.setdefault("/".join(parts[: i + 1]), None)
+    stems: dict[tuple[str, str], list[str]] = {}
+    for path in seen:
+        parent, _, last = path.rpartition("/")
+        stems.setdefault((parent, _NUMBERED.match(last).group(1)), []).append(path)  # type: ignore[union-attr]
+    out = [p for group in stems.values() if len(group) >= min_repeats for p in group]
+    outer = {p for p in out if not any(p.startswith(q + "/") for q in out)}  # ln1/ln2 inside blocks_0: one block
+    named = tuple(p for p in seen if p in outer and _block_ops(program, p))
+    if named:
+        return named
+    return tuple(b for b in structural_blocks(program, min_repeats) if _block_ops(program, b))
+
+
+def structural_blocks(program: Program, min_repeats: int = 2) -> dict[str, tuple[int, ...]]:
+    """Layers found by structure, for a model without named scopes: the inputs the forward
+    reads, grouped by path with its numbers left out, shape and dtype; the groups with the most
+    members (at least ``min_repeats``, one per layer) give each layer's parameters, and layer
+    ``i`` is the forward ops from the first read of a layer-``i`` parameter to the first read of
+    a layer-``i + 1`` one (the last layer: as many ops as the one before). Named by the common path of the
+    layer's parameters (``state/params/layers/0``), or ``layer i``.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> def loss(ws, x):
+    ...     for w in ws:
+    ...         x = jnp.tanh(x @ w)
+    ...     return x.sum()
+    >>> a = jnp.ones((4, 4))
+    >>> prog = lower(jax.make_jaxpr(jax.grad(loss))([a, a], a), ["ws/0", "ws/1", "x"], ["g/0", "g/1"])
+    >>> {name: len(ops) for name, ops in structural_blocks(prog).items()}
+    {'ws/0': 3, 'ws/1': 3}
+    """
+    key = ("structural_blocks", min_repeats)
+    if key in program.memo:
+        return program.memo[key]
+    forward = [(i, op) for i, op in enumerate(program.ops) if op.phase == "forward"]
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, op in forward:
+        for v in op.inputs:
+            if program.values[v].kind == "input":
+                first.setdefault(v, i)
+                last[v] = i
+    alike: dict[tuple, list[int]] = {}  # the same path but for its numbers, shape and dtype: one per layer
+    for v in first:
+        value = program.values[v]
+        alike.setdefault((re.sub(r"\d+", "#", value.name), value.shape, str(value.dtype)), []).append(v)
+    groups = [sorted(g, key=first.__getitem__) for g in alike.values() if len(g) >= min_repeats]
+    n = max((len(g) for g in groups), default=0)
+    layers = [[g[i] for g in groups if len(g) == n] for i in range(n)]
+    out: dict[str, tuple[int, ...]] = {}
+    starts = [min(first[v] for v in params) for params in layers]
+    if n and starts == sorted(starts) and len(set(starts)) == n:
+        # the last layer is as long as the one before (identical layers), or ends at its last read
+        ends = starts[1:] + [2 * starts[-1] - starts[-2] if n > 1 else max(last[v] for v in layers[-1]) + 1]
+        for i, (params, start, end) in enumerate(zip(layers, starts, ends, strict=True)):
+            paths = [program.values[v].name.split("/") for v in params]
+            common = [p[0] for p in zip(*paths) if len(set(p)) == 1]
+            name = "/".join(common) or f"layer {i}"
+            out[name if name not in out else f"layer {i}"] = tuple(op.id for j, op in forward if start <= j < end)
+    program.memo[key] = out
+    return out
+
+
+def _block_ops(program: Program, block: str) -> list[Op]:
+    """The block's forward top-level ops (under the module path ``block``, or the layer of
+    :func:`structural_blocks` so named); empty if one holds a region or sits in a user's remat."""
+    ids = structural_blocks(program).get(block) if block not in _paths(program) else None
+    if ids is not None:
+        ids = set(ids)
+        ops = [op for op in program.ops if op.id in ids]
+    else:
+        ops = [op for op in program.ops
+               if op.phase == "forward" and (op.name == block or op.name.startswith(block + "/"))]
+    if any(op.regions or op.remat for op in ops):
+        return []
+    return ops
+
+
+def _paths(program: Program) -> frozenset[str]:
+    """Every module path of a forward op and its prefixes."""
+    got = program.memo.get("module_paths")
+    if got is None:
+        parts = {tuple(op.name.split("/")) for op in program.ops if op.phase == "forward" and op.name}
+        got = program.memo["module_paths"] = frozenset("/".join(p[:i + 1]) for p in parts for i in range(len(p)))
+    return got
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slice:
+    residuals: tuple[int, ...]  # values the clones replace in the backward
+    ops: tuple[Op, ...]  # the forward ops to clone, in program order
+    inputs: tuple[int, ...]  # what the clones read from outside (through the barrier)
+    at: int  # position in program.ops of the first backward reader
+
+
+def _slice(program: Program, block: str) -> _Slice | None:
+    ops = _block_ops(program, block)
+    made = {v for op in ops for v in op.outputs}
+    block_ids = {op.id for op in ops}
+    kept = set(program.outputs) & made
+    residuals: dict[int, None] = {}
+    for op in program.ops:
+        if op.id in block_ids:
+            continue
+        reads = [v for v in op.inputs if v in made]
+        if not reads:
+            continue
+        if op.phase == "backward":
+            residuals.update(dict.fromkeys(reads))
+        else:  # the block's output (read by the next block) is its successor's checkpoint
+            kept.update(reads)
+    residuals = {v: None for v in residuals if v not in kept}
+    if not residuals:
+        return None
+    needed = set(residuals)
+    cloned: list[Op] = []
+    for op in reversed(ops):
+        if any(v in needed for v in op.outputs):
+            cloned.append(op)
+            needed.update(v for v in op.inputs if v in made and v not in kept)
+    cloned.reverse()
+    own = {v for op in cloned for v in op.outputs}
+    inputs = dict.fromkeys(
+        v for op in cloned for v in op.inputs
+        if v not in own and program.values[v].kind not in ("literal", "const")
+    )
+    first = min(i for i, op in enumerate(program.ops)
+                if op.phase == "backward" and any(v in residuals for v in op.inputs))
+    return _Slice(tuple(residuals), tuple(cloned), tuple(inputs), first)
+
+
+def _tie(x: jax.Array, after: jax.Array) -> jax.Array:
+    """``x`` plus an exact zero computed from ``after``: the same numbers, but a value XLA must
+    compute after ``after`` and cannot merge with ``x``'s other uses (XLA:CPU drops optimization
+    barriers before its CSE pass, jax 0.10: ``jax.checkpoint`` saves nothing there)."""
+    return x + (after != after).astype(x.dtype) * jax.numpy.zeros((), x.dtype)
+
+
+def _barrier(*xs: jax.Array) -> tuple[jax.Array, ...]:
+    return jax.lax.optimization_barrier(xs)
+
+
+def _trigger(program: Program, at: int, like: Value) -> int | None:
+    """The latest backward value made before position ``at`` with ``like``'s shape and dtype
+    (in a residual network: the cotangent of the block's output), if the backward has begun."""
+    for op in reversed(program.ops[:at]):
+        if op.phase != "backward":
+            return None
+        for v in op.outputs:
+            value = program.values[v]
+            if value.shape == like.shape and value.dtype == like.dtype:
+                return v
+    return None
+
+
+class _Builder:
+    """Appends values and ops to a program under construction."""
+
+    def __init__(self, program: Program, block: str):
+        self.values = list(program.values)
+        self.copies = dict(program.copies)
+        self.next_op = max(op.id for op in program.all_ops) + 1
+        self.block = block
+        self.ops: list[Op] = []
+
+    def value(self, like: int, name: str, literal: object = None) -> int:
+        v = dataclasses.replace(self.values[like], id=len(self.values), name=name, region=0, literal=literal,
+                                kind="literal" if literal is not None else "intermediate", phase="backward")
+        self.values.append(v)
+        if literal is None:
+            self.copies[v.id] = self.copies.get(like, like)
+        return v.id
+
+    def trace(self, fn, ins: Sequence[int], likes: Sequence[int]) -> list[int]:
+        """Ops computing ``fn`` of the values ``ins``; each result (intermediate ones too) copies
+        the layout of the value of ``likes`` with its shape (the last of them that has it)."""
+        shaped = [jax.ShapeDtypeStruct(self.values[v].shape, self.values[v].dtype) for v in ins]
+        closed = jax.make_jaxpr(fn)(*shaped)
+        env = dict(zip(closed.jaxpr.invars, ins, strict=True))
+        name = f"{self.block}/recompute"
+        for eqn in closed.jaxpr.eqns:
+            args = []
+            for a in eqn.invars:
+                if not _compat.is_literal(a):
+                    args.append(env[a])
+                else:  # a literal
+                    args.append(len(self.values))
+                    self.values.append(Value(len(self.values), (), a.aval.dtype, "literal", "literal", "backward",
+                                             a.aval.dtype.itemsize, 0, a.val))
+            outs = []
+            for o in eqn.outvars:
+                like = next((v for v in reversed(likes) if self.values[v].shape == tuple(o.aval.shape)), None)
+                if like is None:  # a scalar: replicated
+                    self.values.append(Value(len(self.values), (), o.aval.dtype, name, "intermediate", "backward",
+                                             o.aval.dtype.itemsize))
+                    outs.append(len(self.values) - 1)
+                else:
+                    outs.append(self.value(like, name))
+                env[o] = outs[-1]
+            ctx = RuleContext(eqn.primitive.name, tuple(Shaped(self.values[v].shape, self.values[v].dtype) for v in args),
+                              tuple(Shaped(self.values[v].shape, self.values[v].dtype) for v in outs), "", name)
+            rule, ok = registry.rule_for(ctx, eqn.params, strict=False, primitive=eqn.primitive)
+            self.add(Op(0, eqn.primitive.name, tuple(args), tuple(outs), rule, self.block, "recompute", "backward",
+                        dict(eqn.params), eqn, (), tuple(args), tuple(outs), ok))
+        return [env[v] for v in closed.jaxpr.outvars]
+
+    def add(self, op: Op) -> None:
+        self.ops.append(dataclasses.replace(op, id=self.next_op))
+        self.next_op += 1
+
+
+def recompute(program: Program, blocks: Iterable[str]) -> Program:
+    """``program`` with each block's residuals recomputed in the backward (module docstring);
+    blocks with nothing to recompute are skipped. The result records them in ``recomputed``."""
+    done = list(program.recomputed)
+    for block in blocks:
+        if block in done:
+            continue
+        s = _slice(program, block)
+        if s is None:
+            continue
+        program = _with_clones(program, s, block)
+        done.append(block)
+    if tuple(done) == program.recomputed:
+        return program
+    return dataclasses.replace(program, recomputed=tuple(done), memo={})
+
+
+def _with_clones(program: Program, s: _Slice, block: str) -> Program:
+    b = _Builder(program, block)
+    fed: dict[int, int] = {}  # clone input -> what the clones read instead
+    for v in s.inputs:
+        t = _trigger(program, s.at, program.values[v]) if program.values[v].kind != "input" else None
+        fed[v] = v if t is None else b.trace(_tie, [v, t], [t, v])[0]
+    outs = b.trace(_barrier, [fed[v] for v in s.inputs], list(s.inputs))
+    renamed = dict(zip(s.inputs, outs, strict=True))
+    for op in s.ops:
+        ins = tuple(renamed.get(v, v) for v in op.inputs)
+        made = tuple(b.value(v, b.values[v].name) for v in op.outputs)
+        renamed.update(zip(op.outputs, made, strict=True))
+        b.add(dataclasses.replace(op, inputs=ins, outputs=made, linked_inputs=ins, linked_outputs=made,
+                                  phase="backward"))
+    residual = {v: renamed[v] for v in s.residuals}
+    rest = []
+    for op in program.ops[s.at:]:
+        if op.phase == "backward" and any(v in residual for v in op.inputs):
+            ins = tuple(residual.get(v, v) for v in op.inputs)
+            linked = tuple(residual.get(v, v) for v in op.linked_inputs)
+            op = dataclasses.replace(op, inputs=ins, linked_inputs=linked)
+        rest.append(op)
+    ops = program.ops[: s.at] + tuple(b.ops) + tuple(rest)
+    return dataclasses.replace(program, values=tuple(b.values), ops=ops, copies=b.copies, memo={})
+
+
+def copied_specs(program: Program, specs: dict) -> dict:
+    """``specs`` (value id -> spec) extended to the values :func:`recompute` added: a clone or a
+    barrier result has the spec of the value it copies."""
+    out = dict(specs)
+    for v, o in program.copies.items():
+        if o in specs:
+            out[v] = specs[o]
+    return out
+
+
+def recompute_state(state: ShardingState, blocks: Iterable[str]) -> ShardingState:
+    """``state`` on :func:`recompute`'s program: each copy has its original's spec and priority."""
+    program = recompute(state.program, blocks)
+    if program.recomputed == state.program.recomputed:
+        return state
+    specs = copied_specs(program, dict(state.specs))
+    priority = dict(state.priority)
+    for v, o in program.copies.items():
+        for d in range(program.values[v].ndim):
+            if (o, d) in state.priority:
+                priority[(v, d)] = state.priority[(o, d)]
+    return ShardingState(program, state.axes, specs, priority, state.frozen, state.next_priority, state.labels)

@@ -1,0 +1,97 @@
+"""When no plan fits the memory budget: recompute repeated blocks on the fastest plans.
+
+Recomputation (:mod:`automap.ir.recompute`) trades a block's forward FLOPs for its residuals'
+memory. It is tried only when the search found nothing within the budget: on each of the fastest
+plans the search scored (and its answer), blocks are added greedily, the most memory saved per
+second of recomputation first, until the plan fits; the fitting plan the objective orders first
+wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
+where compiling is affordable, XLA's measure of the chosen plan decides whether more blocks must
+be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from automap.ir.recompute import recompute_state, repeated_blocks
+from automap.report import human_bytes
+from automap.shardings import ShardingState
+from search.objective import Objective
+from search.space import Score, SearchSpace
+
+
+@dataclasses.dataclass(frozen=True)
+class Recomputed:
+    """A plan made to fit by recomputing ``blocks``, and what it cost."""
+
+    state: ShardingState
+    score: Score
+    blocks: tuple[str, ...]
+    before: Score  # the plan without recomputation
+
+    def note(self) -> str:
+        return (
+            f"recompute {len(self.blocks)} block(s) ({', '.join(self.blocks)}): estimated peak "
+            f"{human_bytes(self.before.peak_bytes)} -> {human_bytes(self.score.peak_bytes)} per device, step "
+            f"{self.before.time_s * 1e3:.3f} -> {self.score.time_s * 1e3:.3f} ms"
+        )
+
+
+def recompute_order(space: SearchSpace, state: ShardingState) -> list[str]:
+    """The repeated blocks whose recomputation alone lowers ``state``'s peak, the most memory
+    saved per second of recompute first."""
+    before = space.score(state)
+    gains = []
+    for i, block in enumerate(repeated_blocks(state.program)):
+        score = space.rescore(recompute_state(state, [block]))
+        saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
+        if saved > 0:
+            gains.append((-saved / slower, i, block))
+    return [block for _, _, block in sorted(gains)]
+
+
+def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[str]) -> Recomputed | None:
+    """``state`` with the fewest blocks of ``order`` recomputed, taken in that order, that fits
+    ``space``'s budget; None if even all of them do not."""
+    blocks = repeated_blocks(state.program)
+    for k in range(1, len(order) + 1):
+        chosen = [b for b in blocks if b in order[:k]]  # recomputed in program order
+        got = recompute_state(state, chosen)
+        score = space.rescore(got)
+        if score.feasible:
+            return Recomputed(got, score, tuple(chosen), space.score(state))
+    return None
+
+
+def fit_by_recompute(space: SearchSpace, answer: ShardingState,
+                     objective: Objective = Objective()) -> Recomputed | None:
+    """The best plan (by ``objective``) among the fastest plans ``space`` scored and ``answer``,
+    each made to fit by :func:`greedy_recompute` in the order the answer's blocks save memory
+    (:func:`recompute_order`; the blocks are alike, whatever the layout); None if none can be."""
+    order = recompute_order(space, answer)
+    if not order:
+        return None
+    candidates: Sequence[ShardingState] = [answer] + space.fastest_states()
+    found = [got for got in (greedy_recompute(space, s, order) for s in candidates) if got is not None]
+    return min(found, key=lambda r: objective.key(r.score), default=None)
+
+
+def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[ShardingState], Any],
+                   topology: Any = None, donated: Sequence[int] = ()) -> tuple[ShardingState, str]:
+    """XLA has the last word on a recomputing plan: while the compiled program's memory per
+    device (``measure_state``) is over ``budget``, recompute one more block, the one the cost
+    model says saves the most. Returns the state and a note of what XLA measured."""
+    from automap.cost import estimate
+
+    got = measure_state(state).memory_per_device
+    seen = [f"{human_bytes(got)}"]
+    while got is not None and got > budget:
+        left = [b for b in repeated_blocks(state.program) if b not in state.program.recomputed]
+        if not left:
+            break
+        state = min((recompute_state(state, [b]) for b in left),
+                    key=lambda s: estimate(s, topology, donated=donated).peak_memory_bytes)
+        got = measure_state(state).memory_per_device
+        seen.append(f"{human_bytes(got)} recomputing {state.program.recomputed[-1]} too")
+    verdict = "within" if got is not None and got <= budget else "still over"
+    return state, f"recompute: XLA measured {', then '.join(seen)}: {verdict} the budget of {human_bytes(budget)}"
