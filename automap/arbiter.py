@@ -17,8 +17,8 @@ A program worse in both is dominated and never kept. ``arbiter`` (an option of
 the second compile would cost as much as the first); ``None`` keeps the pinned program unmeasured
 (one compile); ``"always"``; ``"search"``: as ``"auto"``, and the search's final candidates are
 compiled and measured too (:func:`final_choice`). Under the default pins
-(:func:`automap.emit.pinned_values`, ``"plan"``) a plan that decided only its inputs (the user's
-specs, the tactic plans) pins nothing: its one program *is* the inputs-only program, so nothing is
+(:func:`automap.emit.pinned_values`, ``"plan"``) a plan without a ``scan`` that decided only its
+inputs (the user's specs, the tactic plans) pins nothing: its one program *is* the inputs-only program, so nothing is
 compiled twice; only a plan that decided layouts of intermediates pays the second compile (zoo
 2-layer GPT, default plan, 2x4, 8 CPU devices: first call 7.8 s; pinning its 47 contractions and
 arbitrating took 14.2 s). The plan's report says which program was kept and the measured figures.
