@@ -9,7 +9,8 @@ reader's kernel, so the buffers it is computed from stay live until its last rea
 value recomputed in the backward pass keeps its sources alive). An expensive elementwise result
 (``exp``, ``tanh``, ...) read by several ops is not recomputed but stored. Which primitive is which
 is its record's ``memory`` trait (:data:`automap.rules.traits.Memory`). A ``scan`` adds the peak
-of its body (one iteration) while it runs; its stacked outputs are ordinary values.
+of its body (one iteration) while it runs; its stacked outputs are ordinary values. XLA schedules
+a loop body on its own: its gathers first, its gradient reductions last (:func:`_reshard_spans`).
 """
 from __future__ import annotations
 
