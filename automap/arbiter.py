@@ -20,8 +20,8 @@ expert compositions of the (bytes, memory) front; the answer is never dominated 
 XLA's measure); ``None`` keeps the pinned program unmeasured (one compile) and the search's answer
 by estimate; ``"always"``: both at any size; ``"search"``: the same as ``"auto"`` (kept for plans
 written with it). Under the default pins
-(:func:`automap.emit.pinned_values`, ``"plan"``) a plan that decided only its inputs (the user's
-specs, the tactic plans) pins nothing: its one program *is* the inputs-only program, so nothing is
+(:func:`automap.emit.pinned_values`, ``"plan"``) a plan without a ``scan`` that decided only its
+inputs (the user's specs, the tactic plans) pins nothing: its one program *is* the inputs-only program, so nothing is
 compiled twice; only a plan that decided layouts of intermediates pays the second compile (zoo
 2-layer GPT, default plan, 2x4, 8 CPU devices: first call 7.8 s; pinning its 47 contractions and
 arbitrating took 14.2 s). The plan's report says which program was kept and the measured figures.

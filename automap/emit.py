@@ -33,7 +33,8 @@ def pinned_values(state: ShardingState, policy: PinPolicy = "plan") -> frozenset
     decided any, both sides of every resharding the cost model priced (:func:`resharded_values`)
     and the anchors below: XLA's propagation from a few pinned values can part from automap's
     (the ragged MoE under ``expert_parallel``: its 14 decided values alone compiled 110,700 B
-    sent against 36,864 B estimated; with the anchors 36,912 B). A plan that decided only its inputs pins nothing: it compiles to what
+    sent against 36,864 B estimated; with the anchors 36,912 B); a plan with a ``scan`` is pinned so
+    whatever it decided (:func:`_has_scan`). A plan without one that decided only its inputs pins nothing: it compiles to what
     ``jax.jit`` makes of the same in/out shardings (pinning the priced reshardings of such a plan
     as well compiled to 1.35-1.48x jax.jit's bytes sent under FSDP specs:
     ``python benchmarks/fidelity.py --pins anchors --plans manual_fsdp``).
@@ -52,10 +53,20 @@ def pinned_values(state: ShardingState, policy: PinPolicy = "plan") -> frozenset
         return anchors
     if policy == "plan":
         decided = decided_values(state)
-        if decided:  # XLA's propagation from a few pinned values can part from automap's: anchor the rest
+        if decided or _has_scan(state.program):  # XLA's propagation can part from automap's: anchor it
             decided = decided | resharded_values(state) | anchors
         return frozenset(v for v in decided if v in pinnable)
     raise ValueError(f"unknown pin policy {policy!r}")
+
+
+def _has_scan(program: Program) -> bool:
+    """Whether the program runs a ``scan``: XLA gives a loop's carry one layout for its init and
+    its body together, where automap's propagation from the inputs alone can give another (the
+    scanned zoo GPT-2's default plan, the embedding's d on ``model`` and nothing else decided:
+    XLA carried the residual stream d-sharded and every layer's dots contracted over ``model``,
+    73.7 MiB sent and 138.9 MiB memory against 14.7 and 64.4 MiB estimated; anchored 12.7 and
+    58.1 MiB). A plan with a scan is pinned as one that decided something."""
+    return any(op.primitive == "scan" for op, _ in program.walk())
 
 
 def _pinnable(program: Program) -> dict[int, Op]:

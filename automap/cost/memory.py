@@ -9,7 +9,8 @@ reader's kernel, so the buffers it is computed from stay live until its last rea
 value recomputed in the backward pass keeps its sources alive). An expensive elementwise result
 (``exp``, ``tanh``, ...) read by several ops is not recomputed but stored. Which primitive is which
 is its record's ``memory`` trait (:data:`automap.rules.traits.Memory`). A ``scan`` adds the peak
-of its body (one iteration) while it runs; its stacked outputs are ordinary values.
+of its body (one iteration) while it runs; its stacked outputs are ordinary values. XLA schedules
+a loop body on its own: its gathers first, its gradient reductions last (:func:`_reshard_spans`).
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
 def temp_peak(
     program: Program, state: ShardingState, ops: Sequence[Op], outputs: Sequence[int],
     reshards: Mapping[int, Sequence[Reshard]] = {}, buffers: Sequence[tuple[int, int]] = (),
+    body: bool = False,
 ) -> int:
     """Peak bytes of live materialized temporaries while ``ops`` run (outputs excluded) that do
     not fit in ``buffers``: (op id that writes it, bytes) of the output buffers, which hold one
@@ -71,30 +73,24 @@ def temp_peak(
     (``benchmarks/cost_fidelity.py``).
 
     Resharded operands are temporaries too: a gathered parameter lives from its first use to
-    its last (XLA gathers it once and keeps it), an all-to-all copy for the op that needs it."""
+    its last (XLA gathers it once and keeps it), an all-to-all copy for the op that needs it;
+    ``body``: ``ops`` are a loop body, which XLA schedules otherwise (:func:`_reshard_spans`)."""
     live_ranges = _liveness(program, ops, outputs)
     index = live_ranges.index
     size = _sizer(state)
     spans = [(s, e, size(v)) for v, s, e in live_ranges.values]
-    copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
-    for i, rs in sorted((index[op], rs) for op, rs in reshards.items() if op in index):  # in program order
-        for r in rs:
-            if r.where == "operand":
-                got = copies.setdefault((r.value, r.kind, r.axes), [i, i, r.bytes])
-                got[1] = i
-            elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
-                copies[(r.value, r.kind, r.axes, i)] = [i, i, r.bytes]
-    spans.extend(tuple(c) for c in copies.values())
+    spans.extend(_reshard_spans(program, ops, index, reshards, body))
     for i, op, nbytes in _workspaces(program, ops):  # split as the op's first result is
         out = op.outputs[0]
         spans.append((i, i, nbytes * size(out) // max(program.values[out].nbytes, 1)))
-    delta = [0] * (len(ops) + 1)
+    steps = len(ops) + body  # a body ends with its combined reductions, after its last op
+    delta = [0] * (steps + 1)
     for first, last, nbytes in spans:
         delta[first] += nbytes
         delta[last + 1] -= nbytes
-    live = list(itertools.accumulate(delta[: len(ops)]))  # after each op starts
+    live = list(itertools.accumulate(delta[:steps]))  # after each op starts
     for i, regions in live_ranges.regions:  # a body's own peak while its op runs
-        live[i] += max(temp_peak(program, state, r.ops, r.outputs, reshards) for r in regions)
+        live[i] += max(temp_peak(program, state, r.ops, r.outputs, reshards, body=True) for r in regions)
     if not buffers or not live:
         return max(max(live, default=0), 0)
     written = sorted((index.get(op, -1), nbytes) for op, nbytes in buffers)
@@ -108,6 +104,48 @@ def temp_peak(
                 free[nbytes] -= 1
         peak = max(peak, unplaced)
     return peak
+
+
+def _reshard_spans(
+    program: Program, ops: Sequence[Op], index: Mapping[int, int],
+    reshards: Mapping[int, Sequence[Reshard]], body: bool,
+) -> list[tuple[int, int, int]]:
+    """(first, last, bytes) of the temporaries the reshards at ``ops`` make: a gathered operand
+    from its first use to its last (XLA gathers it once and keeps it), the whole partial result
+    of a reduce-scatter at its op.
+
+    In a loop ``body`` XLA schedules differently (``benchmarks/fidelity.py``, the scanned GPT
+    under FSDP): a collective runs as soon as its operand exists, so an operand gathered from a
+    body input (the iteration's slice of a stacked parameter) is gathered at the body's start;
+    and the body's reduce-scatters are combined into one collective after its last op, so each
+    partial result stays whole until then, next to its reduced copy (XLA:CPU all-reduces, then
+    slices); that step is position ``len(ops)``.""" 
+    copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
+    made = _producers(program, ops) if body else {}
+    end = len(ops)  # in a body: the step after its last op
+    for i, rs in sorted((index[op], rs) for op, rs in reshards.items() if op in index):  # in program order
+        for r in rs:
+            if r.where == "operand":
+                first = made.get(r.value, 0) if body else i
+                got = copies.setdefault((r.value, r.kind, r.axes), [min(first, i), i, r.bytes])
+                got[1] = i
+            elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
+                copies[(r.value, r.kind, r.axes, i)] = [i, end if body else i, r.bytes]
+                if body:
+                    copies[(r.value, r.kind, r.axes, i, "reduced")] = [end, end, r.bytes]
+    return [tuple(c) for c in copies.values()]
+
+
+def _producers(program: Program, ops: Sequence[Op]) -> Mapping[int, int]:
+    """value id -> position in ``ops`` of the op that makes it (values made outside: absent)."""
+    key = ("producers", id(ops))
+    got = program.memo.get(key)
+    if got is not None and got[0] is ops:
+        return got[1]
+    out = {v: i for i, op in enumerate(ops) for v in op.outputs}
+    if isinstance(ops, tuple):
+        program.memo[key] = (ops, out)
+    return out
 
 
 _REUSE_CANDIDATES = 4  # the highest points of the live temporaries where reuse is worked out
