@@ -13,6 +13,7 @@ from automap.ir.lower import lower
 from automap.rules.user_annotations import fix_user_shardings
 from automap.shardings import ShardingState
 from automap.ir.program import Program
+from automap.report import human_bytes
 from automap.trace import Traced, feedback_pairs, trace
 
 
@@ -107,19 +108,18 @@ def make_plan(
     if search is not None:  # fill what the tactics left open
         from search.planning import run_search
 
+        before = state
         state, found, search_notes = run_search(
             search, state, topology=topology, memory_budget=memory_budget, donated=donated,
             data_inputs=data_inputs, context=ctx,
         )
         notes = notes + search_notes
         if state.program.recomputed and affordable(arbiter, program):  # XLA has the last word on memory
-            from search.planning import budget_bytes
-            from search.recompute import fit_by_measure
-
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
-            budget = budget_bytes(memory_budget, topology or default_topology())
-            state, note = fit_by_measure(state, budget, measure_state, topology, tuple(donated))
-            notes = notes + (note,)
+            state, more = _fit_by_measure(state, found, measure_state, lambda budget: run_search(
+                search, before, topology=topology, memory_budget=budget, donated=donated, data_inputs=data_inputs,
+                context=ctx)[:2], memory_budget, topology, donated)
+            notes = notes + more
         elif found.alternatives and affordable(arbiter, program):  # XLA decides last
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
             state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state)
@@ -135,6 +135,36 @@ def make_plan(
 
         check_budget(state, plan.estimate.peak_memory_bytes, memory_budget)
     return plan
+
+
+def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, research: Callable,
+                    memory_budget: Any, topology: Any, donated: Any) -> tuple[ShardingState, tuple[str, ...]]:
+    """A recomputing plan XLA measures over the budget gets more blocks recomputed, then the other
+    recomputing plans (:func:`search.recompute.fit_by_measure`); if all stay over, the search runs
+    once more under the budget scaled by what XLA measured against the estimate (the estimate's
+    own error, calibrated on this program), and XLA measures its answer the same way."""
+    from automap.cost import estimate
+    from search.planning import budget_bytes
+    from search.recompute import fit_by_measure
+
+    budget = budget_bytes(memory_budget, topology or default_topology())
+    fallbacks = [alt for _, alt, _ in found.alternatives]  # the other recomputing plans, best first
+    state, note, got = fit_by_measure(state, budget, measure_state, topology, tuple(donated), fallbacks)
+    notes = (note,)
+    if got is not None and got > budget:
+        scaled = int(budget * estimate(state, topology, donated=tuple(donated)).peak_memory_bytes / got)
+        try:
+            again, refound = research(scaled)
+        except Exception:  # noqa: BLE001  (MemoryBudgetError: nothing fits the scaled budget either)
+            return state, notes + (f"recompute: no plan within {human_bytes(scaled)} by estimate, the budget "
+                                   "scaled by XLA's measure; kept the plan XLA measured smallest",)
+        fallbacks = [alt for _, alt, _ in refound.alternatives]
+        again, note, got_again = fit_by_measure(again, budget, measure_state, topology, tuple(donated), fallbacks)
+        notes += (f"recompute: searched again under {human_bytes(scaled)} by estimate (the budget scaled by "
+                  f"XLA's measure over the estimate); {note}",)
+        if got_again is not None and got_again < got:
+            state = again
+    return state, notes
 
 
 def _tie_outputs(state: ShardingState, program: Program, pairs: dict[int, int]) -> tuple[ShardingState, list]:

@@ -53,11 +53,13 @@ def run_search(
     result = searcher.search(space)
     recomputing: tuple[str, ...] = ()
     if not result.score.feasible:  # trade FLOPs for memory: recompute blocks on the fastest plans
-        from search.recompute import fit_by_recompute
+        from search.recompute import fits_by_recompute
 
-        got = fit_by_recompute(space, result.state)
-        if got is not None:
-            result = dataclasses.replace(result, state=got.state, score=got.score, alternatives=())
+        fits = fits_by_recompute(space, result.state)
+        if fits:
+            got = fits[0]
+            others = tuple(("recomputing plan", r.state, r.score) for r in fits[1:])
+            result = dataclasses.replace(result, state=got.state, score=got.score, alternatives=others)
             recomputing = (got.note(),)
     if not result.score.feasible:
         best = min(space._scores.values(), key=lambda s: s.peak_bytes)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 from automap.ir.recompute import recompute_state, repeated_blocks
 from automap.report import human_bytes
 from automap.shardings import ShardingState
+from search.compose import compositions
 from search.objective import Objective
 from search.space import Score, SearchSpace
 
@@ -63,35 +64,67 @@ def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[s
     return None
 
 
-def fit_by_recompute(space: SearchSpace, answer: ShardingState,
-                     objective: Objective = Objective()) -> Recomputed | None:
-    """The best plan (by ``objective``) among the fastest plans ``space`` scored and ``answer``,
-    each made to fit by :func:`greedy_recompute` in the order the answer's blocks save memory
-    (:func:`recompute_order`; the blocks are alike, whatever the layout); None if none can be."""
+LEANEST = 3  # expert compositions holding the least memory, candidates besides the fastest plans
+
+
+def fits_by_recompute(space: SearchSpace, answer: ShardingState,
+                      objective: Objective = Objective()) -> list[Recomputed]:
+    """The fastest plans ``space`` scored, the :data:`LEANEST` compositions holding the least
+    memory (:func:`search.compose.compositions`) and ``answer``, each made to fit by
+    :func:`greedy_recompute` in the order the answer's blocks save memory
+    (:func:`recompute_order`; the blocks are alike, whatever the layout), best first by
+    ``objective``; empty if none can be."""
     order = recompute_order(space, answer)
     if not order:
-        return None
-    candidates: Sequence[ShardingState] = [answer] + space.fastest_states()
-    found = [got for got in (greedy_recompute(space, s, order) for s in candidates) if got is not None]
-    return min(found, key=lambda r: objective.key(r.score), default=None)
+        return []
+    leanest = sorted(compositions(space), key=lambda p: p.score.peak_bytes)[:LEANEST] if space.macros else []
+    candidates: Sequence[ShardingState] = [answer] + space.fastest_states() + [p.state for p in leanest]
+    found, seen = [], set()
+    for got in (greedy_recompute(space, s, order) for s in candidates):
+        if got is not None and got.state.key() not in seen:
+            seen.add(got.state.key())
+            found.append(got)
+    return sorted(found, key=lambda r: objective.key(r.score))
+
+
+def fit_by_recompute(space: SearchSpace, answer: ShardingState,
+                     objective: Objective = Objective()) -> Recomputed | None:
+    """The best of :func:`fits_by_recompute`, or None if no plan can be made to fit."""
+    return next(iter(fits_by_recompute(space, answer, objective)), None)
+
+
+MEASURED_FALLBACKS = 3  # further recomputing plans XLA measures when the best one stays over the budget
 
 
 def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[ShardingState], Any],
-                   topology: Any = None, donated: Sequence[int] = ()) -> tuple[ShardingState, str]:
+                   topology: Any = None, donated: Sequence[int] = (),
+                   fallbacks: Sequence[ShardingState] = ()) -> tuple[ShardingState, str, int | None]:
     """XLA has the last word on a recomputing plan: while the compiled program's memory per
     device (``measure_state``) is over ``budget``, recompute one more block, the one the cost
-    model says saves the most. Returns the state and a note of what XLA measured."""
+    model says saves the most; if the plan is still over with every block recomputed, the next of
+    ``fallbacks`` (the other recomputing plans, best first; at most :data:`MEASURED_FALLBACKS`)
+    gets the same treatment. Returns the first state XLA measures within the budget (else the
+    one it measures smallest), a note of what XLA measured, and that measure (bytes per device)."""
     from automap.cost import estimate
 
-    got = measure_state(state).memory_per_device
-    seen = [f"{human_bytes(got)}"]
-    while got is not None and got > budget:
-        left = [b for b in repeated_blocks(state.program) if b not in state.program.recomputed]
-        if not left:
+    tried, lines = [], []
+    for start in [state, *fallbacks[:MEASURED_FALLBACKS]]:
+        got = measure_state(start).memory_per_device
+        seen = [f"{human_bytes(got)}"]
+        while got is not None and got > budget:
+            left = [b for b in repeated_blocks(start.program) if b not in start.program.recomputed]
+            if not left:
+                break
+            start = min((recompute_state(start, [b]) for b in left),
+                        key=lambda s: estimate(s, topology, donated=donated).peak_memory_bytes)
+            got = measure_state(start).memory_per_device
+            seen.append(f"{human_bytes(got)} recomputing {start.program.recomputed[-1]} too")
+        lines.append(", then ".join(seen))
+        tried.append((got if got is not None else 0, start))
+        if got is None or got <= budget:
             break
-        state = min((recompute_state(state, [b]) for b in left),
-                    key=lambda s: estimate(s, topology, donated=donated).peak_memory_bytes)
-        got = measure_state(state).memory_per_device
-        seen.append(f"{human_bytes(got)} recomputing {state.program.recomputed[-1]} too")
-    verdict = "within" if got is not None and got <= budget else "still over"
-    return state, f"recompute: XLA measured {', then '.join(seen)}: {verdict} the budget of {human_bytes(budget)}"
+    got, kept = next(((g, s) for g, s in tried if g <= budget), min(tried, key=lambda t: t[0]))
+    verdict = "within" if got <= budget else "still over"
+    which = "" if len(tried) == 1 else f" (plan {[s for _, s in tried].index(kept) + 1} of {len(tried)} measured)"
+    return kept, (f"recompute: XLA measured {'; another plan: '.join(lines)}: {verdict} the budget of "
+                  f"{human_bytes(budget)}{which}"), got
