@@ -13,6 +13,7 @@ import math
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from automap.ir.program import Op
+from automap.rules import traits_of
 from automap.rules.registry import DimFactors, FactorRule
 
 if TYPE_CHECKING:
@@ -65,19 +66,28 @@ def _candidates(rule: FactorRule, dims_of: Sequence, spec_list: Sequence, sizes:
     return cands
 
 
-def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Mapping, sizes: Mapping[str, int]):
-    """The factor -> axes assignment and each factor's earliest priority (``solve_factors``)."""
-    ranked = {f: [(prio.get((linked[pos], d), 0), pos, axes) for pos, d, axes in got] for f, got in cands.items()}
+def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Mapping, sizes: Mapping[str, int],
+           contraction: bool = False):
+    """The factor -> axes assignment and each factor's earliest priority (``solve_factors``).
+    Proposals of equal priority are taken in linked order, except at a ``contraction``, where
+    they are taken as XLA's propagation (Shardy) takes them: operands before results; among
+    operands, a factor the result keeps before a contracted one, then the larger operand's
+    first (a batch-sharded activation meeting a weight sharded on its output features over the
+    same axis: the weight wins and the activation is gathered; a weight sharded on its
+    contracting dim cannot shard the result: it is gathered)."""
+    n_operands = len(rule.operands) if contraction else 0
+    ranked = {f: [(prio.get((linked[pos], d), 0), *_tie_break(rule, pos, f, n_operands), pos, axes)
+                  for pos, d, axes in got] for f, got in cands.items()}
     fax: dict[int, Axes] = {}
     fprio: dict[int, int] = {}
     used: dict[int, set[str]] = {}
-    for f in sorted(ranked, key=lambda f: min(ranked[f])[:2]):
+    for f in sorted(ranked, key=lambda f: min(ranked[f])[:-1]):
         factor = rule.factors[f]
         if factor.kind == "blocked":
             continue
         ordered = sorted(ranked[f])
-        choice = ordered[0][2]
-        for _, _, axes in ordered[1:]:
+        choice = ordered[0][-1]
+        for *_, axes in ordered[1:]:
             if len(axes) > len(choice) and axes[: len(choice)] == choice:
                 choice = axes
         taken = used.setdefault(rule.group(f), set())
@@ -92,6 +102,21 @@ def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Map
     return fax, fprio
 
 
+def _tie_break(rule: FactorRule, pos: int, f: int, n_operands: int) -> tuple[bool, bool, int]:
+    """How a proposal by linked position ``pos`` for factor ``f`` ranks among those of equal
+    priority at a contraction of ``n_operands`` operands (lower first): results last; a
+    reduction factor after the others; the larger operand (elements, from its factors' sizes)
+    first. Elsewhere (``n_operands`` 0) all tie: linked order decides."""
+    if pos >= n_operands:
+        return bool(n_operands), False, 0
+    volume = math.prod(rule.factors[g].size for dim in rule.operands[pos] for g in dim)
+    return False, rule.factors[f].kind == "reduction", -volume
+
+
+def _is_contraction(op: Op) -> bool:
+    return traits_of(op.primitive).contraction is not None
+
+
 def solve_factors(
     op: Op, state: ShardingState, specs: Mapping, prio: Mapping, *, operands_only: bool = False
 ) -> tuple[dict[int, Axes], dict[int, int]]:
@@ -101,7 +126,7 @@ def solve_factors(
     linked = op.linked_inputs if operands_only else op.linked
     dims_of = rule.operands + (() if operands_only else rule.results)
     cands = _candidates(rule, dims_of, [specs.get(v) for v in linked], state.axes)
-    return _solve(rule, linked, cands, prio, state.axes)
+    return _solve(rule, linked, cands, prio, state.axes, _is_contraction(op))
 
 
 def _order_free(rule: FactorRule, cands: Candidates) -> bool:
@@ -213,7 +238,8 @@ def solution(op: Op, sizes: Mapping[str, int], mesh_key: tuple, specs: Mapping, 
         rule = op.rule
         cands = _candidates(rule, rule.operands + rule.results, spec_list, sizes)
         if _order_free(rule, cands):
-            got = Solution(rule, _solve(rule, op.linked, cands, prio, sizes)[0], cands, spec_list, sizes)
+            got = Solution(rule, _solve(rule, op.linked, cands, prio, sizes, _is_contraction(op))[0], cands, spec_list,
+                           sizes)
         else:
             got = _ByPriority()
             got.rule, got.cands = rule, cands
@@ -228,5 +254,6 @@ def solution(op: Op, sizes: Mapping[str, int], mesh_key: tuple, specs: Mapping, 
         if len(got) > 4096:
             got.clear()
         rule, cands = op.rule, got.cands
-        sol = got[prio_key] = Solution(rule, _solve(rule, op.linked, cands, prio, sizes)[0], cands, spec_list, sizes)
+        sol = got[prio_key] = Solution(rule, _solve(rule, op.linked, cands, prio, sizes, _is_contraction(op))[0], cands,
+                                       spec_list, sizes)
     return sol
