@@ -69,25 +69,24 @@ def _candidates(rule: FactorRule, dims_of: Sequence, spec_list: Sequence, sizes:
 def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Mapping, sizes: Mapping[str, int],
            contraction: bool = False):
     """The factor -> axes assignment and each factor's earliest priority (``solve_factors``).
-    Proposals of equal priority are taken in linked order, except at a ``contraction``, where
-    they are taken as XLA's propagation (Shardy) takes them: operands before results; among
-    operands, a factor the result keeps before a contracted one, then the larger operand's
-    first (a batch-sharded activation meeting a weight sharded on its output features over the
-    same axis: the weight wins and the activation is gathered; a weight sharded on its
-    contracting dim cannot shard the result: it is gathered)."""
-    n_operands = len(rule.operands) if contraction else 0
-    ranked = {f: [(prio.get((linked[pos], d), 0), *_tie_break(rule, pos, f, n_operands), pos, axes)
-                  for pos, d, axes in got] for f, got in cands.items()}
+    Factors are taken earliest decision first; on equal priority in linked order, except at a
+    ``contraction``, where they are taken as XLA's propagation and dot partitioner take them
+    (:func:`_contraction_rank`)."""
+    ranked = {f: [(prio.get((linked[pos], d), 0), pos, axes) for pos, d, axes in got] for f, got in cands.items()}
+    if contraction:
+        order = sorted(ranked, key=lambda f: _contraction_rank(rule, ranked[f], rule.factors[f].kind))
+    else:
+        order = sorted(ranked, key=lambda f: min(ranked[f])[:2])
     fax: dict[int, Axes] = {}
     fprio: dict[int, int] = {}
     used: dict[int, set[str]] = {}
-    for f in sorted(ranked, key=lambda f: min(ranked[f])[:-1]):
+    for f in order:
         factor = rule.factors[f]
         if factor.kind == "blocked":
             continue
         ordered = sorted(ranked[f])
-        choice = ordered[0][-1]
-        for *_, axes in ordered[1:]:
+        choice = ordered[0][2]
+        for _, _, axes in ordered[1:]:
             if len(axes) > len(choice) and axes[: len(choice)] == choice:
                 choice = axes
         taken = used.setdefault(rule.group(f), set())
@@ -102,15 +101,21 @@ def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Map
     return fax, fprio
 
 
-def _tie_break(rule: FactorRule, pos: int, f: int, n_operands: int) -> tuple[bool, bool, int]:
-    """How a proposal by linked position ``pos`` for factor ``f`` ranks among those of equal
-    priority at a contraction of ``n_operands`` operands (lower first): results last; a
-    reduction factor after the others; the larger operand (elements, from its factors' sizes)
-    first. Elsewhere (``n_operands`` 0) all tie: linked order decides."""
-    if pos >= n_operands:
-        return bool(n_operands), False, 0
-    volume = math.prod(rule.factors[g].size for dim in rule.operands[pos] for g in dim)
-    return False, rule.factors[f].kind == "reduction", -volume
+def _contraction_rank(rule: FactorRule, proposals: list, kind: str) -> tuple:
+    """A contraction's factor's rank (lower first) from its proposals (priority, linked position,
+    axes): the earliest priority; then, among factors of that priority, the one more linked
+    values propose (a weight gradient's operands agree on the batch where its result wants a
+    feature split: the batch wins and the partial sum is reduced); then one an operand proposes
+    before one only the result does; then one the result keeps
+    before a contracted one (a weight split on its contracting dim cannot split the result: it
+    is gathered); then the larger proposer's (an activation split on the batch meets a weight
+    split on its output features over the same axis: the smaller activation is gathered). These
+    are the choices XLA compiles (tests/automap/test_propagate.py, 8 CPU devices)."""
+    first = min(proposals)[0]
+    at = [pos for p, pos, _ in proposals if p == first]
+    dims = rule.operands + rule.results
+    volume = max(math.prod(rule.factors[g].size for dim in dims[pos] for g in dim) for pos in at)
+    return first, -len(at), min(at) >= len(rule.operands), kind == "reduction", -volume, min(at)
 
 
 def _is_contraction(op: Op) -> bool:
