@@ -13,6 +13,7 @@ import math
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from automap.ir.program import Op
+from automap.rules import traits_of
 from automap.rules.registry import DimFactors, FactorRule
 
 if TYPE_CHECKING:
@@ -65,13 +66,21 @@ def _candidates(rule: FactorRule, dims_of: Sequence, spec_list: Sequence, sizes:
     return cands
 
 
-def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Mapping, sizes: Mapping[str, int]):
-    """The factor -> axes assignment and each factor's earliest priority (``solve_factors``)."""
+def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Mapping, sizes: Mapping[str, int],
+           contraction: bool = False):
+    """The factor -> axes assignment and each factor's earliest priority (``solve_factors``).
+    Factors are taken earliest decision first; on equal priority in linked order, except at a
+    ``contraction``, where they are taken as XLA's propagation and dot partitioner take them
+    (:func:`_contraction_rank`)."""
     ranked = {f: [(prio.get((linked[pos], d), 0), pos, axes) for pos, d, axes in got] for f, got in cands.items()}
+    if contraction:
+        order = sorted(ranked, key=lambda f: _contraction_rank(rule, ranked[f], rule.factors[f].kind))
+    else:
+        order = sorted(ranked, key=lambda f: min(ranked[f])[:2])
     fax: dict[int, Axes] = {}
     fprio: dict[int, int] = {}
     used: dict[int, set[str]] = {}
-    for f in sorted(ranked, key=lambda f: min(ranked[f])[:2]):
+    for f in order:
         factor = rule.factors[f]
         if factor.kind == "blocked":
             continue
@@ -92,6 +101,27 @@ def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Map
     return fax, fprio
 
 
+def _contraction_rank(rule: FactorRule, proposals: list, kind: str) -> tuple:
+    """A contraction's factor's rank (lower first) from its proposals (priority, linked position,
+    axes): the earliest priority; then, among factors of that priority, the one more linked
+    values propose (a weight gradient's operands agree on the batch where its result wants a
+    feature split: the batch wins and the partial sum is reduced); then one an operand proposes
+    before one only the result does; then one the result keeps
+    before a contracted one (a weight split on its contracting dim cannot split the result: it
+    is gathered); then the larger proposer's (an activation split on the batch meets a weight
+    split on its output features over the same axis: the smaller activation is gathered). These
+    are the choices XLA compiles (tests/automap/test_propagate.py, 8 CPU devices)."""
+    first = min(proposals)[0]
+    at = [pos for p, pos, _ in proposals if p == first]
+    dims = rule.operands + rule.results
+    volume = max(math.prod(rule.factors[g].size for dim in dims[pos] for g in dim) for pos in at)
+    return first, -len(at), min(at) >= len(rule.operands), kind == "reduction", -volume, min(at)
+
+
+def _is_contraction(op: Op) -> bool:
+    return traits_of(op.primitive).contraction is not None
+
+
 def solve_factors(
     op: Op, state: ShardingState, specs: Mapping, prio: Mapping, *, operands_only: bool = False
 ) -> tuple[dict[int, Axes], dict[int, int]]:
@@ -101,7 +131,7 @@ def solve_factors(
     linked = op.linked_inputs if operands_only else op.linked
     dims_of = rule.operands + (() if operands_only else rule.results)
     cands = _candidates(rule, dims_of, [specs.get(v) for v in linked], state.axes)
-    return _solve(rule, linked, cands, prio, state.axes)
+    return _solve(rule, linked, cands, prio, state.axes, _is_contraction(op))
 
 
 def _order_free(rule: FactorRule, cands: Candidates) -> bool:
@@ -213,7 +243,8 @@ def solution(op: Op, sizes: Mapping[str, int], mesh_key: tuple, specs: Mapping, 
         rule = op.rule
         cands = _candidates(rule, rule.operands + rule.results, spec_list, sizes)
         if _order_free(rule, cands):
-            got = Solution(rule, _solve(rule, op.linked, cands, prio, sizes)[0], cands, spec_list, sizes)
+            got = Solution(rule, _solve(rule, op.linked, cands, prio, sizes, _is_contraction(op))[0], cands, spec_list,
+                           sizes)
         else:
             got = _ByPriority()
             got.rule, got.cands = rule, cands
@@ -228,5 +259,6 @@ def solution(op: Op, sizes: Mapping[str, int], mesh_key: tuple, specs: Mapping, 
         if len(got) > 4096:
             got.clear()
         rule, cands = op.rule, got.cands
-        sol = got[prio_key] = Solution(rule, _solve(rule, op.linked, cands, prio, sizes)[0], cands, spec_list, sizes)
+        sol = got[prio_key] = Solution(rule, _solve(rule, op.linked, cands, prio, sizes, _is_contraction(op))[0], cands,
+                                       spec_list, sizes)
     return sol

@@ -169,6 +169,35 @@ def _resnet_case():
     return step, (state, batch), rules
 
 
+def _fsdp_mlp(params, x):
+    h = jnp.tanh(x @ params["w1"])
+    return jnp.sum(jnp.tanh(h @ params["w2"]) ** 2)
+
+
+def test_user_fsdp_specs_are_estimated_as_xla_lays_them_out():
+    """A user's FSDP specs, decided at once (mesh 2x4: the batch over both axes, the first weight
+    split on its output features, the second on its contracting dim), pin nothing: XLA's
+    propagation lays the program out. Where the batch meets the first weight, the larger operand
+    wins: x (8, 16) is gathered (7/8 of 512 B sent) and the hidden layer runs split on its
+    features, which the second weight is split on too: its contraction sums partial products (an
+    all-reduce of the (8, 16) f32 result, 2 x 7/8 of 512 B). No weight is gathered. The estimate
+    names exactly those collectives (before: the batch won, the first weight was gathered,
+    15,344 B sent against XLA's 1,344 B)."""
+    mesh = automap.make_mesh({"data": 2, "model": 4})
+    rules = {"w1": P(None, ("data", "model")), "w2": P(("data", "model"), None), "x": P(("data", "model"))}
+    step = automap.automap(_fsdp_mlp, mesh=mesh, tactics=[tactics.manual(rules)], search=None)
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    params = {"w1": jax.random.normal(k1, (16, 256)) * 0.1, "w2": jax.random.normal(k2, (256, 16)) * 0.1}
+    x = jax.random.normal(k3, (8, 16))
+    assert step.plan(params, x).pins == frozenset()
+    fid = step.verify(params, x, warn=False)
+    want = [("all-reduce", ("data", "model"), 1, 2 * 7 / 8 * 512), ("all-gather", ("data", "model"), 1, 7 / 8 * 512)]
+    assert [(r.kind, r.axes, r.estimated_count, r.estimated_bytes) for r in fid.collectives] == want
+    assert [(r.kind, r.axes, r.measured_count, r.measured_bytes) for r in fid.collectives] == want
+    assert fid.dot_flops.estimated == fid.dot_flops.measured == 2 * 8 * 16 * 256 * 2 / 8
+    np.testing.assert_allclose(step(params, x), _fsdp_mlp(params, x), rtol=1e-5)
+
+
 def _gpt_case():
     w = zoo.gpt_linen(zoo.GPTConfig(layers=1, vocab=64, seq=8, d_model=32, heads=4, batch=8))
     state, batch = w.init(0)

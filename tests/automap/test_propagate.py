@@ -243,3 +243,30 @@ def test_axis_twice_on_one_value():
     s = apply(ShardingState.initial(prog, AXES), [Action(prog.inputs[0], 0, "data")])
     with pytest.raises(ShardingError, match="already tiles dim 0"):
         apply(s, [Action(prog.inputs[0], 1, "data")])
+
+
+@pytest.mark.parametrize("w_dim, x_shape, w_shape, want", [
+    (1, (8, 16), (16, 512), (R, D)),  # output features of the larger weight: x is gathered
+    (1, (512, 16), (16, 8), (D, R)),  # the larger activation wins: the weight is gathered
+    (0, (8, 256), (256, 64), (D, R)),  # a contracting dim cannot shard the result: the weight is gathered
+])
+def test_a_contraction_breaks_a_tie_as_xla_propagation_does(w_dim, x_shape, w_shape, want):
+    """x batch-split and w split over the same axis in one decision (as jax.jit sees in_shardings):
+    the result keeps the larger operand's non-contracting split (XLA's propagation, Shardy); in
+    linked order alone the batch won whatever the sizes."""
+    prog = program(lambda x, w: x @ w, sds(*x_shape), sds(*w_shape))
+    s = state_after(prog, [(0, 0, "data"), (1, w_dim, "data")], freeze=[0, 1])
+    assert s.spec(prog.outputs[0]) == want
+
+
+def test_a_weight_gradient_whose_operands_agree_reduces_its_partial_sum():
+    """x and dy split on the batch and the gradient on its rows over the same axis, all decided at
+    once: the operands agree on the batch (two proposals against the result's one), so the
+    contraction runs split on it and its partial sum is scattered, as XLA compiles it; the
+    activations are not gathered."""
+    prog = program(lambda x, dy: jax.lax.dot_general(x, dy, (((0,), (0,)), ((), ()))), sds(64, 32), sds(64, 16))
+    x, dy = prog.inputs
+    (g,) = prog.outputs
+    specs = {x: (D, R), dy: (D, R), g: (D, R)}
+    s = ShardingState(prog, AXES, specs=specs, priority={(x, 0): 0, (dy, 0): 0, (g, 0): 0})
+    assert [(r.kind, r.axes, r.where) for r in reshards(s)] == [("reduce-scatter", D, "result")]
