@@ -37,10 +37,20 @@ strategy has a use for it):
 - ``megatron_dp``: Megatron on ``model`` + data parallel on ``data``
 - ``fsdp``: the batch over every axis, training state sharded (ZeRO-3) over every axis
 - ``fsdp_megatron``: data parallel + FSDP on ``data``, Megatron on ``model``
+- ``megatron_dp_sp``: ``megatron_dp`` with Megatron-LM sequence parallelism on ``model``
+  (``tactics.sequence_parallel``: the layer-norm/residual regions split on the sequence, each
+  all-reduce a reduce-scatter + all-gather), as in "Reducing Activation Recomputation"
 - ``automap_mcts``: no tactics, ``search.MCTS(episodes=N, seed=0)`` with the device memory as budget
 - ``automap_ilp``: ``search.ILP(max_evaluations=300, time_limit_s=5)`` when the package has it (else
   "n/a (no ILP solver yet)"); a space that needs more cost evaluations than that is reported n/a
   (TooLarge); after 5 s of solving, the best plan found so far stands
+
+A MoE section follows (the corpus GShard-style top-2 ``moe_einsum``, mesh 2x4; ``moe-tiny``
+compiled with ``--quick``, ``moe-s`` estimated otherwise): ``megatron_dp`` (each expert's FFN split),
+``expert_dp`` (data parallel + ``tactics.expert_parallel('model')``), ``expert_megatron_dp`` (and
+Megatron on the same axis: the vocab-parallel embedding and head) and the default search. Last, a
+table of what each addition changes (sequence parallelism over ``megatron_dp``, expert
+parallelism over ``megatron_dp``, Megatron over ``expert_dp``): bytes, memory and estimated step.
 
 Columns: estimated per-device peak memory and whether it fits the device, estimated collective
 bytes per device per step, estimated step time (compute + communication, no overlap), XLA
@@ -73,11 +83,24 @@ TINY = {"tiny": dict(layers=2, d_model=64, heads=8, vocab=512, seq=32, batch=16)
 QUICK_CONFIGS = ("tiny", "gpt2-s")
 MESHES = {"8x1": (8, 1), "4x2": (4, 2), "2x4": (2, 4), "1x8": (1, 8)}
 QUICK_MESHES = ("8x1", "2x4")
-EXPERTS = ("data_parallel", "megatron", "megatron_dp", "fsdp", "fsdp_megatron")
+EXPERTS = ("data_parallel", "megatron", "megatron_dp", "fsdp", "fsdp_megatron", "megatron_dp_sp")
 STRATEGIES = EXPERTS + ("automap_mcts", "automap_ilp")
+MOE_CONFIGS = {  # corpus moe_einsum (MoEConfig fields); GPT-2 small's width with 8 experts of 4x hidden
+    "moe-tiny": dict(),
+    "moe-s": dict(vocab=50304, seq=1024, d_model=768, hidden=3072, experts=8, batch=32),
+}
+QUICK_MOE = ("moe-tiny",)
+MOE_MESH = "2x4"
+MOE_EXPERTS = ("megatron_dp", "expert_dp", "expert_megatron_dp")
+MOE_STRATEGIES = MOE_EXPERTS + ("automap_mcts",)
+ADDS = (  # (what is added, the config kind, the strategy without it, the strategy with it)
+    ("sequence parallelism", "gpt", "megatron_dp", "megatron_dp_sp"),
+    ("expert parallelism (instead of Megatron's split experts)", "moe", "megatron_dp", "expert_dp"),
+    ("Megatron on the expert axis (embedding, head)", "moe", "expert_dp", "expert_megatron_dp"),
+)
 NA_ILP = "n/a (no ILP solver yet)"
 COLUMNS = ("config", "params_m", "mesh", "topology", "strategy", "mem_gib", "fits", "coll_mib", "time_ms",
-           "xla_mem_gib", "xla_coll_mib", "plan_s", "vs_best_expert", "note")
+           "xla_mem_gib", "xla_coll_mib", "plan_s", "vs_best_expert", "note", "wire_mib", "xla_wire_mib")
 
 
 def topology(name: str):
@@ -109,7 +132,14 @@ def strategy_tactics(name: str, axes: dict[str, int]) -> list:
         return batch + [tactics.fsdp(a) for a in big]
     if name == "fsdp_megatron":
         return dp + tp + ([tactics.fsdp("data")] if axes["data"] > 1 else [])
-    raise ValueError(f"unknown strategy {name!r}; expected one of {EXPERTS}")
+    if name == "megatron_dp_sp":
+        return dp + tp + ([tactics.sequence_parallel("model")] if axes["model"] > 1 else [])
+    ep = [tactics.expert_parallel("model")] if axes["model"] > 1 else []
+    if name == "expert_dp":
+        return dp + ep
+    if name == "expert_megatron_dp":
+        return dp + ep + tp
+    raise ValueError(f"unknown strategy {name!r}; expected one of {EXPERTS + MOE_EXPERTS}")
 
 
 def _coll_bytes(estimate, axes: dict[str, int]) -> int:
@@ -144,6 +174,8 @@ def _row(cfg, params_m, mesh_name, topo, strategy, plan, axes, plan_s, measured=
         xla_mem_gib=None if measured is None else measured.memory_per_device / 2**30,
         xla_coll_mib=None if measured is None else measured.collective_bytes / 2**20,
         plan_s=plan_s, vs_best_expert=None, note=note,
+        # bytes on the wire (an all-reduce sends twice its buffer, a reduce-scatter + all-gather once each)
+        wire_mib=e.wire_bytes / 2**20, xla_wire_mib=None if measured is None else measured.wire_bytes / 2**20,
     )
 
 
@@ -151,92 +183,130 @@ def run(quick: bool = False, episodes: int = 48, topologies: tuple[str, ...] | N
         configs: tuple[str, ...] | None = None, meshes: tuple[str, ...] | None = None,
         compile: bool | None = None, ilp_evaluations: int = 300, ilp_time_limit_s: float = 5.0,
         log=functools.partial(print, flush=True)) -> list[dict]:
-    """Run the benchmark; one row per (config, mesh, topology, strategy)."""
-    import automap
-    import search
+    """Run the benchmark; one row per (config, mesh, topology, strategy). ``configs`` may name
+    GPT configs and MoE configs (:data:`MOE_CONFIGS`, planned on mesh 2x4 only)."""
     from automap import zoo
-    from search.planning import MemoryBudgetError
+    from automap.zoo.corpus.moe import MoEConfig, moe_einsum
 
     shapes = TINY | {k: dict(v, **FULL) for k, v in CONFIGS.items()}
-    configs = configs or (QUICK_CONFIGS if quick else tuple(CONFIGS))
+    configs = configs or (QUICK_CONFIGS + QUICK_MOE if quick else tuple(CONFIGS) + ("moe-s",))
     meshes = meshes or (QUICK_MESHES if quick else tuple(MESHES))
     topologies = topologies or (("h100-8",) if quick else ("h100-8", "h100-2x8"))
     topos = [topology(t) for t in topologies]
+    ilp = (ilp_evaluations, ilp_time_limit_s)
     rows: list[dict] = []
     for cfg in configs:
-        w = zoo.gpt_linen(zoo.GPTConfig(scan=True, **shapes[cfg]))
-        state, batch = w.abstract()
-        params_m = _params(state)
-        compiled = cfg in TINY if compile is None else compile  # only tiny models fit the CPU
-        for mesh_name in meshes:
-            d, m = MESHES[mesh_name]
-            axes = {"data": d, "model": m}
-            mesh = automap.make_mesh(axes)
-            group: list[dict] = []
-            # expert plans: planned once, estimated under every topology
-            for strategy in EXPERTS:
-                t0 = time.perf_counter()
-                step = automap.automap(w.train_step, mesh=mesh, tactics=strategy_tactics(strategy, axes),
-                                       topology=topos[0], search=None)  # the tactics alone, no search
-                plan = step.plan(state, batch)
-                plan_s = time.perf_counter() - t0
-                measured = automap.measure(step.lower(state, batch).compile()) if compiled else None
-                for topo in topos:
-                    p = plan if topo is topos[0] else dataclasses.replace(plan, topology=topo)
-                    group.append(_row(cfg, params_m, mesh_name, topo, strategy, p, axes, plan_s, measured))
-            for topo in topos:
-                t0 = time.perf_counter()
-                plan, tries = None, []
-                for n in (episodes, 4 * episodes):  # one retry with 4x the episodes if nothing fit
-                    step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
-                                           search=search.MCTS(episodes=n, seed=0))
-                    try:
-                        plan = step.plan(state, batch)
-                        break
-                    except MemoryBudgetError as e:
-                        tries.append(f"{n} episodes: {str(e).split('. Largest')[0]}")
-                plan_s = time.perf_counter() - t0
-                if plan is None:
-                    group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name, topology=topo.name,
-                                      strategy="automap_mcts", plan_s=plan_s, note="FAILED: " + "; ".join(tries)))
-                else:
-                    measured = automap.measure(step.lower(state, batch).compile()) if compiled else None
-                    chosen = (f"{4 * episodes} episodes after a failed first try; " if tries else "") + _chosen(plan)
-                    group.append(_row(cfg, params_m, mesh_name, topo, "automap_mcts", plan, axes, plan_s, measured,
-                                      note=chosen))
-                if hasattr(search, "ILP"):
-                    t0 = time.perf_counter()
-                    step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
-                                           search=search.ILP(max_evaluations=ilp_evaluations,
-                                                             time_limit_s=ilp_time_limit_s))
-                    try:
-                        plan = step.plan(state, batch)
-                        group.append(_row(cfg, params_m, mesh_name, topo, "automap_ilp", plan, axes,
-                                          time.perf_counter() - t0, note=_chosen(plan)))
-                    except (search.TooLarge, MemoryBudgetError) as e:
-                        group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name,
-                                          topology=topo.name, strategy="automap_ilp",
-                                          plan_s=time.perf_counter() - t0,
-                                          note=f"n/a ({type(e).__name__}: {str(e).split(': use')[0].split('. ')[0]})"))
-                else:
-                    group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name, topology=topo.name,
-                                      strategy="automap_ilp", note=NA_ILP))
-            for topo in topos:
-                mine = [r for r in group if r["topology"] == topo.name and "time_ms" in r]
-                experts = [r for r in mine if r["strategy"] in EXPERTS]
-                fitting = [r for r in experts if r["fits"]] or experts
-                best = min(r["time_ms"] for r in fitting)
-                for r in mine:
-                    r["vs_best_expert"] = r["time_ms"] / best
-            order = {t.name: i for i, t in enumerate(topos)}
-            rows.extend(sorted(group, key=lambda r: order[r["topology"]]))  # stable: strategies stay in order
-            for r in group:
-                if r["strategy"] == "automap_mcts" and "time_ms" in r:
-                    log(f"{cfg:<9} {mesh_name:<4} {r['topology']:<9} automap/best expert {r['vs_best_expert']:.3f} "
-                        f"({r['time_ms']:.2f} ms, plan {r['plan_s']:.1f} s): {r['note']}")
-                elif r["strategy"] == "automap_mcts":
-                    log(f"{cfg:<9} {mesh_name:<4} {r['topology']:<9} automap {r['note']}")
+        moe = cfg in MOE_CONFIGS
+        w = moe_einsum(MoEConfig(**MOE_CONFIGS[cfg])) if moe else zoo.gpt_linen(zoo.GPTConfig(scan=True, **shapes[cfg]))
+        compiled = cfg in TINY or cfg in QUICK_MOE if compile is None else compile  # only tiny models fit the CPU
+        for mesh_name in ((MOE_MESH,) if moe else meshes):
+            rows.extend(_mesh_rows(w, cfg, mesh_name, topos, MOE_EXPERTS if moe else EXPERTS, episodes, compiled,
+                                   None if moe else ilp, log))
     return rows
+
+
+def _mesh_rows(w, cfg: str, mesh_name: str, topos: list, experts: tuple[str, ...], episodes: int, compiled: bool,
+               ilp: tuple[int, float] | None, log) -> list[dict]:
+    """The rows of one workload on one mesh: each expert strategy, the MCTS search and (with
+    ``ilp``: (max evaluations, time limit)) the ILP, under every topology."""
+    import automap
+    import search
+    from search.planning import MemoryBudgetError
+
+    state, batch = w.abstract()
+    params_m = _params(state)
+    d, m = MESHES[mesh_name]
+    axes = {"data": d, "model": m}
+    mesh = automap.make_mesh(axes)
+    group: list[dict] = []
+    # expert plans: planned once, estimated under every topology
+    for strategy in experts:
+        t0 = time.perf_counter()
+        step = automap.automap(w.train_step, mesh=mesh, tactics=strategy_tactics(strategy, axes),
+                               topology=topos[0], search=None)  # the tactics alone, no search
+        plan = step.plan(state, batch)
+        plan_s = time.perf_counter() - t0
+        measured = automap.measure(step.lower(state, batch).compile()) if compiled else None
+        for topo in topos:
+            p = plan if topo is topos[0] else dataclasses.replace(plan, topology=topo)
+            group.append(_row(cfg, params_m, mesh_name, topo, strategy, p, axes, plan_s, measured))
+    for topo in topos:
+        t0 = time.perf_counter()
+        plan, tries = None, []
+        for n in (episodes, 4 * episodes):  # one retry with 4x the episodes if nothing fit
+            step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
+                                   search=search.MCTS(episodes=n, seed=0))
+            try:
+                plan = step.plan(state, batch)
+                break
+            except MemoryBudgetError as e:
+                tries.append(f"{n} episodes: {str(e).split('. Largest')[0]}")
+        plan_s = time.perf_counter() - t0
+        if plan is None:
+            group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name, topology=topo.name,
+                              strategy="automap_mcts", plan_s=plan_s, note="FAILED: " + "; ".join(tries)))
+        else:
+            measured = automap.measure(step.lower(state, batch).compile()) if compiled else None
+            chosen = (f"{4 * episodes} episodes after a failed first try; " if tries else "") + _chosen(plan)
+            group.append(_row(cfg, params_m, mesh_name, topo, "automap_mcts", plan, axes, plan_s, measured,
+                              note=chosen))
+        if ilp is None:
+            continue
+        if hasattr(search, "ILP"):
+            t0 = time.perf_counter()
+            step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
+                                   search=search.ILP(max_evaluations=ilp[0], time_limit_s=ilp[1]))
+            try:
+                plan = step.plan(state, batch)
+                group.append(_row(cfg, params_m, mesh_name, topo, "automap_ilp", plan, axes,
+                                  time.perf_counter() - t0, note=_chosen(plan)))
+            except (search.TooLarge, MemoryBudgetError) as e:
+                group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name,
+                                  topology=topo.name, strategy="automap_ilp",
+                                  plan_s=time.perf_counter() - t0,
+                                  note=f"n/a ({type(e).__name__}: {str(e).split(': use')[0].split('. ')[0]})"))
+        else:
+            group.append(dict(config=cfg, params_m=round(params_m, 1), mesh=mesh_name, topology=topo.name,
+                              strategy="automap_ilp", note=NA_ILP))
+    for topo in topos:
+        mine = [r for r in group if r["topology"] == topo.name and "time_ms" in r]
+        fitting = [r for r in mine if r["strategy"] in experts and r["fits"]] or [
+            r for r in mine if r["strategy"] in experts]
+        best = min(r["time_ms"] for r in fitting)
+        for r in mine:
+            r["vs_best_expert"] = r["time_ms"] / best
+    for r in group:
+        if r["strategy"] == "automap_mcts" and "time_ms" in r:
+            log(f"{cfg:<9} {mesh_name:<4} {r['topology']:<9} automap/best expert {r['vs_best_expert']:.3f} "
+                f"({r['time_ms']:.2f} ms, plan {r['plan_s']:.1f} s): {r['note']}")
+        elif r["strategy"] == "automap_mcts":
+            log(f"{cfg:<9} {mesh_name:<4} {r['topology']:<9} automap {r['note']}")
+    order = {t.name: i for i, t in enumerate(topos)}
+    return sorted(group, key=lambda r: order[r["topology"]])  # stable: strategies stay in order
+
+
+def additions(rows: list[dict]) -> str:
+    """A Markdown table of what each addition (:data:`ADDS`) changes, per config, mesh 2x4 and
+    the first topology: bytes sent on the wire, memory (estimated; XLA's where compiled) and step."""
+    done = [r for r in rows if "time_ms" in r and r["mesh"] == MOE_MESH]
+    if not done:
+        return ""
+    topo0 = done[0]["topology"]
+    at = {(r["config"], r["strategy"]): r for r in done if r["topology"] == topo0}
+    lines = [f"What each addition changes (mesh {MOE_MESH}, {topo0}; with / without, estimated; XLA where compiled):",
+             "", "| addition | config | bytes sent (MiB, wire) | memory (MiB) | step (ms) | XLA bytes sent | XLA memory |",
+             "|---|---|---|---|---|---|---|"]
+    ratio = lambda a, b: "-" if a is None or b is None or not b else f"{a / b:.3f}x"  # noqa: E731
+    for what, kind, without, with_ in ADDS:
+        for cfg in dict.fromkeys(c for c, _ in at):
+            if (cfg in MOE_CONFIGS) != (kind == "moe") or (cfg, without) not in at or (cfg, with_) not in at:
+                continue
+            a, b = at[(cfg, with_)], at[(cfg, without)]
+            cells = [f"{_fmt(b[k] * scale, '.3f')} -> {_fmt(a[k] * scale, '.3f')} ({ratio(a[k], b[k])})"
+                     for k, scale in (("wire_mib", 1), ("mem_gib", 2**10), ("time_ms", 1))]
+            cells += [ratio(a[k], b[k]) for k in ("xla_wire_mib", "xla_mem_gib")]
+            lines.append(f"| {what}: {without} -> {with_} | {cfg} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _fmt(v, spec=".2f"):
@@ -414,20 +484,22 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     table = markdown(rows)
     text = summary(rows)
+    added = additions(rows)
     cmd = "python -m automap bench megatron " + " ".join(argv if argv is not None else sys.argv[1:])
     with open(os.path.join(args.out, "megatron_results.md"), "w") as f:
         f.write(f"Generated by `{cmd.strip()}` in {elapsed:.0f} s "
                 f"({'quick: tiny model compiled on 8 simulated CPU devices, gpt2-s estimated' if args.quick else 'estimates only, nothing compiled'})."
-                f"\n\n{table}\n{text}")
+                f"\n\n{table}\n{text}\n{added}")
     write_csv(rows, os.path.join(args.out, "megatron_results.csv"))
     if not args.no_plots:
         try:
-            plots(rows, args.out)
+            plots([r for r in rows if r["config"] not in MOE_CONFIGS], args.out)
         except ImportError:
             print("matplotlib is not installed: no plots (pip install -e '.[notebooks]', or pass --no-plots)")
             args.no_plots = True
     print(table)
-    print(text, end="")
+    print(text)
+    print(added, end="")
     print(f"{len(rows)} rows in {elapsed:.0f} s; written to {args.out}/megatron_results.md, .csv"
           + ("" if args.no_plots else " and megatron_*.png"))
     return 0

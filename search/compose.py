@@ -1,5 +1,6 @@
 """Tactic compositions: the plans an expert builds from the tactic macros (data parallel, Megatron,
-FSDP), each placed on any mesh axis, in any order, one tactic over several axes included.
+FSDP, expert parallelism where the program has experts, sequence parallelism right after a
+Megatron), each placed on any mesh axis, in any order, one tactic over several axes included.
 
 They are found by a beam search over the macro-actions (:func:`compositions`): from the root,
 every macro on every axis it may take, the ``width`` best (by :class:`search.objective.Objective`)
@@ -15,7 +16,7 @@ import itertools
 from search.ceiling import Ceiling
 from search.greedy import replay
 from search.objective import Objective
-from search.space import Move, Plan, SearchSpace, TacticAction
+from search.space import REFINES, Move, Plan, SearchSpace, TacticAction
 
 BEAM_WIDTH = 6  # on two axes: every single macro is extended, so every ordered pair is tried
 DOMINANCE_TOLERANCE = 0.01  # relative: a plan 1% leaner in both bytes sent and memory dominates
@@ -32,19 +33,26 @@ def compositions(space: SearchSpace, width: int = BEAM_WIDTH) -> list[Plan]:
     seen = {space.root.key()}
     frontier, met, budget = [Plan(space.root, space.score(space.root), ())], [], BEAM_BUDGET
     while frontier:
-        children = []
+        children, refined = [], []
         for plan in frontier:
-            for action in space.legal(plan.state):
-                if not isinstance(action, TacticAction) or budget <= 0:
-                    continue
+            todo = [(plan, a) for a in space.legal(plan.state)
+                    if isinstance(a, TacticAction) and a.tactic not in REFINES]
+            while todo and budget > 0:
+                base, action = todo.pop(0)
                 budget -= 1
-                state = space.apply(plan.state, action)
+                state = space.apply(base.state, action)
                 if state.key() in seen:
                     continue
                 seen.add(state.key())
-                children.append(Plan(state, space.score(state), plan.moves + (action,)))
+                child = Plan(state, space.score(state), base.moves + (action,))
+                (refined if action.tactic in REFINES else children).append(child)
+                # a macro that refines this one on its axis (sequence parallelism: megatron's
+                # regions) is tried right after it, once; the plan it makes is met but not
+                # extended (it would take a place in the beam from a plan that differs more)
+                todo[:0] = [(child, TacticAction(r, action.axis)) for r, of in REFINES.items()
+                            if of == action.tactic and r in space.macros and space.offered(r, action.axis, state)]
         children.sort(key=lambda p: order.key(p.score))  # stable: ties keep the legal order
-        met += children
+        met += children + refined
         frontier = children[:width]
     memo[width] = sorted(met, key=lambda p: order.key(p.score))
     return memo[width]
@@ -104,9 +112,10 @@ def expert_ceiling(space: SearchSpace, width: int = BEAM_WIDTH) -> Ceiling | Non
 
 
 def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]]:
-    """The compositions with one macro (or none) per free mesh axis, axes in mesh order, fewest
-    tactics first, at most ``limit`` (``(macros + 1) ** axes`` in all: for benchmarks and tests
-    that compare the search with every such expert plan).
+    """The compositions with one macro (or none) per free mesh axis (of those offered on it from
+    the root: no expert parallelism without experts, no sequence parallelism alone), axes in mesh
+    order, fewest tactics first, at most ``limit`` (``(macros + 1) ** axes`` in all: for benchmarks
+    and tests that compare the search with every such expert plan).
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.ir.lower import lower
@@ -130,7 +139,8 @@ def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]
     """
     if not space.macros or not space.axes:
         return []
-    options = [[()] + [(TacticAction(m, axis),) for m in space.macros] for axis in space.axes]
+    options = [[()] + [(TacticAction(m, axis),) for m in space.macros if space.offered(m, axis, space.root)]
+               for axis in space.axes]
     combos = [sum(c, ()) for c in itertools.product(*options)]
     return sorted((c for c in combos if c), key=len)[:limit]
 

@@ -46,8 +46,13 @@ def _macros() -> dict[str, Callable[[str], Any]]:
     if not MACROS:
         import tactics
 
-        MACROS.update(data_parallel=tactics.data_parallel, megatron=tactics.megatron, fsdp=tactics.fsdp)
+        MACROS.update(data_parallel=tactics.data_parallel, megatron=tactics.megatron, fsdp=tactics.fsdp,
+                      expert_parallel=tactics.expert_parallel, sequence_parallel=tactics.sequence_parallel)
     return MACROS
+
+
+DEFAULT_MACROS = ("data_parallel", "megatron", "fsdp", "expert_parallel", "sequence_parallel")
+REFINES = {"sequence_parallel": "megatron"}  # a macro that refines another's regions on the same axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +129,7 @@ class SearchSpace:
         data_inputs: Sequence[int] = (),
         min_share: float = 0.02,
         context: Any = None,
-        macros: Sequence[str] = ("data_parallel", "megatron", "fsdp"),
+        macros: Sequence[str] = DEFAULT_MACROS,
     ):
         self.root = root
         self.program = root.program
@@ -176,8 +181,8 @@ class SearchSpace:
         axes = self.open_axes(state)
         for name in self.macros:
             for axis in axes:
-                if axis in used and name != "fsdp":
-                    continue  # a tactic claims a free axis (fsdp may join data parallelism)
+                if not self.offered(name, axis, state, used):
+                    continue
                 action = TacticAction(name, axis)
                 key = (state.key(), action)
                 if key not in self._macro_results or self._macro_results[key] is not None:
@@ -195,6 +200,26 @@ class SearchSpace:
                         continue
                     out.append(GroupAction(g, d, axis))
         return out
+
+    def offered(self, name: str, axis: str, state: ShardingState, used: set[str] | None = None) -> bool:
+        """Whether macro ``name`` on ``axis`` is worth a move in ``state``, from the structure alone
+        (a macro that would change nothing is not offered: the compositions' beam budget goes to
+        those that do). A tactic claims a free axis, except: fsdp may join any (data
+        parallelism's), megatron may join expert parallelism's (the dense layers of a MoE model:
+        the vocab-parallel embedding and head), and sequence parallelism only joins megatron's
+        (Megatron-LM's, on the tensor-parallel axis). Expert parallelism needs experts. ``used``:
+        the axes some spec of ``state`` holds (computed when not given)."""
+        if used is None:
+            used = {a for spec in state.specs.values() for dim in spec for a in dim}
+        macros = _macros()
+        if name == "sequence_parallel":
+            return macros[name](axis).applies(self.context, state)
+        if name == "expert_parallel":
+            return axis not in used and macros[name](axis).applies(self.context, state)
+        if axis not in used or name == "fsdp":
+            return True
+        return (name == "megatron" and macros["expert_parallel"](axis).holds(self.context, state)
+                and macros[name](axis).applies(self.context, state))
 
     def open_axes(self, state: ShardingState) -> tuple[str, ...]:
         """The axes a move may take in ``state``: of the axes of one size and link that sit in the

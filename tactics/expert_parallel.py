@@ -141,6 +141,14 @@ def expert_region(program: Program, experts: list[ExpertDim], *, free_to_result:
     return frozenset(v for v, _ in seen)
 
 
+def experts_of(ctx: PlanContext) -> list[ExpertDim]:
+    """:func:`find_experts`, once per program (structure: the same for every state)."""
+    key = ("expert_dims", ctx.state_inputs)
+    if key not in ctx.program.memo:
+        ctx.program.memo[key] = find_experts(ctx.program, ctx.state_inputs)
+    return ctx.program.memo[key]
+
+
 def _context(program: Program, op: Op) -> RuleContext:
     shaped = lambda vids: tuple(Shaped(program.values[v].shape, program.values[v].dtype) for v in vids)  # noqa: E731
     return RuleContext(op.primitive, shaped(op.inputs), shaped(op.outputs), op.source)
@@ -161,10 +169,7 @@ class ExpertParallel:
         tag = f"expert_parallel({self.axis!r})"
         if self.axis not in ctx.axes:
             return TacticResult(state, (f"{tag}: not a mesh axis {tuple(ctx.axes)}; nothing done",))
-        key = ("expert_dims", ctx.state_inputs)  # structure: the same for every state
-        if key not in program.memo:
-            program.memo[key] = find_experts(program, ctx.state_inputs)
-        experts = program.memo[key]
+        experts = experts_of(ctx)
         if not experts:
             return TacticResult(state, (f"{tag}: no expert weights (no contraction keeps a weight dim per "
                                         "expert: no dot_general batch dim, no ragged_dot group dim); nothing done",))
@@ -208,6 +213,14 @@ class ExpertParallel:
             if tokens:
                 state = apply(state, tokens, label=f"{tag}: tokens")
         return TacticResult(state, tuple(notes), reasons=reasons)
+
+    def applies(self, ctx: PlanContext, state: ShardingState) -> bool:
+        """Whether the program has experts (the search offers the tactic as a macro only then)."""
+        return bool(experts_of(ctx))
+
+    def holds(self, ctx: PlanContext, state: ShardingState) -> bool:
+        """Whether ``state`` splits some expert weight's expert dim over the axis (this tactic ran)."""
+        return any(self.axis in state.spec(e.weight)[e.dim] for e in experts_of(ctx))
 
     def _tokens(
         self, ctx: PlanContext, state: ShardingState, notes: list[str], reasons: dict[int, str]

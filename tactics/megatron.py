@@ -103,19 +103,30 @@ def other_weight(op: Op, weights: set[int]) -> int:
     return next(v for v in op.inputs if v in weights)
 
 
+def candidates_of(ctx: PlanContext) -> tuple[list[Candidate], list[str]]:
+    """:func:`find_candidates`, once per program (structure: the same for every state)."""
+    key = ("megatron_candidates", ctx.state_inputs)
+    if key not in ctx.program.memo:
+        ctx.program.memo[key] = find_candidates(ctx.program, ctx.state_inputs)
+    return ctx.program.memo[key]
+
+
 @dataclasses.dataclass(frozen=True)
 class Megatron:
     axis: str
     name: str = "megatron"
 
+    def applies(self, ctx: PlanContext, state: ShardingState) -> bool:
+        """Whether some candidate weight may still be tiled on the axis (the search asks before it
+        offers megatron on an axis another tactic holds)."""
+        return any(refusal(state, Action(c.weight, c.dim, self.axis), "", "") is None
+                   for c in candidates_of(ctx)[0])
+
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
         program = ctx.program
         if self.axis not in ctx.axes:
             return TacticResult(state, (f"megatron({self.axis!r}): not a mesh axis {tuple(ctx.axes)}; nothing done",))
-        key = ("megatron_candidates", ctx.state_inputs)  # structure: the same for every state
-        if key not in program.memo:
-            program.memo[key] = find_candidates(program, ctx.state_inputs)
-        candidates, why_not = program.memo[key]
+        candidates, why_not = candidates_of(ctx)
         actions, notes = [], []
         for c in candidates:
             action = Action(c.weight, c.dim, self.axis)

@@ -35,7 +35,7 @@ from automap.shardings import Action, ShardingState
 from tactics.base import PlanContext, TacticResult, refusal
 from tactics.data_parallel import batch_dims
 from tactics.flow import consumers, derived, follow, weight_derived
-from tactics.megatron import Candidate, find_candidates
+from tactics.megatron import candidates_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +74,9 @@ def _free_dims(op: Op, pos: int, weights: set[int]) -> list[int]:
             if fs and rule.factors[fs[0]].kind == "parallel" and fs[0] not in weight_factors]
 
 
-def _candidates(program: Program, ctx: PlanContext) -> list[Candidate]:
-    key = ("megatron_candidates", ctx.state_inputs)  # shared with megatron
-    if key not in program.memo:
-        program.memo[key] = find_candidates(program, ctx.state_inputs)
-    return program.memo[key][0]
-
-
 def find_sequence_dims(program: Program, ctx: PlanContext) -> tuple[list[SequenceDim], list[str]]:
     """The sequence dim of every activation entering or leaving a tensor-parallel region."""
-    candidates = _candidates(program, ctx)
+    candidates = candidates_of(ctx)[0]
     weights = weight_derived(program, ctx.state_inputs)
     on_batch, tokens = _token_dims(program, ctx)
     boundary: list[tuple[Op, int, str, int]] = []  # (op, linked position, where, weight)
@@ -124,6 +117,14 @@ class SequenceParallel:
 
     axis: str
     name: str = "sequence_parallel"
+
+    def applies(self, ctx: PlanContext, state: ShardingState) -> bool:
+        """Whether it would change ``state``: some tensor-parallel region on the axis (its weight
+        tiled on it, as :func:`tactics.megatron` leaves it) has a boundary activation whose
+        sequence dim may still take the axis. The search offers it as a macro only then."""
+        return any(any(self.axis in axes for axes in state.spec(s.weight))
+                   and refusal(state, Action(s.value, s.dim, self.axis), "", "") is None
+                   for s in sequence_dims(ctx)[0])
 
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
         program, tag = ctx.program, f"sequence_parallel({self.axis!r})"
@@ -170,7 +171,7 @@ def _fence(program: Program, ctx: PlanContext) -> frozenset[int]:
         weights, constants = derived(program, ctx.state_inputs)
         data = derived(program, ctx.data_inputs)[0]
         held = weights | constants | data | set(program.inputs) | set(program.outputs)
-        for c in _candidates(program, ctx):
+        for c in candidates_of(ctx)[0]:
             if c.kind == "embedding":
                 held.update(c.op.outputs)
         for op in program.all_ops:  # the lookup's transpose: a scatter by the token ids

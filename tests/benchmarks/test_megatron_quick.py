@@ -1,5 +1,6 @@
 """`python -m automap bench megatron --quick` (what CI runs): one row per (config, mesh, strategy),
-automap's ratio to the best expert present, the Markdown table and the plots written."""
+the MoE rows, automap's ratio to the best expert present, the Markdown table (with what each
+addition changes) and the plots written."""
 import csv
 import os
 import subprocess
@@ -20,6 +21,7 @@ def test_quick_benchmark(tmp_path):
         rows = list(csv.DictReader(f))
     keys = [(r["config"], r["mesh"], r["strategy"]) for r in rows]
     expected = [(c, m, s) for c in bm.QUICK_CONFIGS for m in bm.QUICK_MESHES for s in bm.STRATEGIES]
+    expected += [(c, bm.MOE_MESH, s) for c in bm.QUICK_MOE for s in bm.MOE_STRATEGIES]
     assert sorted(keys) == sorted(expected)
     assert "vs_best_expert" in rows[0]
     for r in rows:
@@ -29,9 +31,12 @@ def test_quick_benchmark(tmp_path):
             assert r["time_ms"] == ""  # no ILP solver, or the space is too large for it
         else:
             assert float(r["time_ms"]) > 0 and float(r["mem_gib"]) > 0
-        if r["config"] == "tiny" and r["strategy"] in bm.EXPERTS:  # compiled: XLA figures present
+        if r["config"] in ("tiny",) + bm.QUICK_MOE and r["strategy"] in bm.EXPERTS + bm.MOE_EXPERTS:  # compiled
             assert r["xla_coll_mib"] != "" and float(r["xla_mem_gib"]) > 0
     table = (tmp_path / "megatron_results.md").read_text()
     assert "time / best expert" in table and "automap_mcts" in table
+    # what each addition changes: sequence parallelism on both GPTs, expert parallelism and megatron on the MoE
+    assert table.count("| sequence parallelism: megatron_dp -> megatron_dp_sp |") == 2
+    assert table.count(" | moe-tiny | ") == 2
     for name in ("memory", "collectives", "automap_vs_experts"):
         assert (tmp_path / f"megatron_{name}.png").stat().st_size > 1000
