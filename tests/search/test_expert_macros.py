@@ -100,9 +100,6 @@ FAST = {  # XLA:CPU without optimisation passes: the SPMD partitioner (every col
 }
 
 
-@pytest.mark.skipif(not hasattr(search.compose, "undominated"),
-                    reason="needs the final selection of branch pareto (the answer not dominated by a composition): "
-                           "without it the default is the fastest estimate, 82,572 B sent and 336,548 B of memory")
 def test_the_default_plan_is_no_heavier_than_the_hand_written_expert_plan():
     """Issue 21's done-when on the corpus GShard-style top-2 MoE (tiny, mesh 2x4), by XLA's measure:
     the default plan (no tactics, the default search, with expert parallelism among its macros)
