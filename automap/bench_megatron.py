@@ -40,7 +40,7 @@ strategy has a use for it):
 - ``megatron_dp_sp``: ``megatron_dp`` with Megatron-LM sequence parallelism on ``model``
   (``tactics.sequence_parallel``: the layer-norm/residual regions split on the sequence, each
   all-reduce a reduce-scatter + all-gather), as in "Reducing Activation Recomputation"
-- ``automap_mcts``: no tactics, ``search.MCTS(episodes=N, seed=0)`` with the device memory as budget
+- ``automap_mcts``: no tactics, ``search.MCTS(episodes=N, seed=0)``, ``arbiter=None`` (the answer by estimate, nothing compiled), with the device memory as budget
 - ``automap_ilp``: ``search.ILP(max_evaluations=300, time_limit_s=5)`` when the package has it (else
   "n/a (no ILP solver yet)"); a space that needs more cost evaluations than that is reported n/a
   (TooLarge); after 5 s of solving, the best plan found so far stands
@@ -235,7 +235,7 @@ def _mesh_rows(w, cfg: str, mesh_name: str, topos: list, experts: tuple[str, ...
         plan, tries = None, []
         for n in (episodes, 4 * episodes):  # one retry with 4x the episodes if nothing fit
             step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
-                                   search=search.MCTS(episodes=n, seed=0))
+                                   search=search.MCTS(episodes=n, seed=0), arbiter=None)  # the answer by estimate
             try:
                 plan = step.plan(state, batch)
                 break
@@ -254,7 +254,7 @@ def _mesh_rows(w, cfg: str, mesh_name: str, topos: list, experts: tuple[str, ...
             continue
         if hasattr(search, "ILP"):
             t0 = time.perf_counter()
-            step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo,
+            step = automap.automap(w.train_step, mesh=mesh, tactics=[], topology=topo, arbiter=None,
                                    search=search.ILP(max_evaluations=ilp[0], time_limit_s=ilp[1]))
             try:
                 plan = step.plan(state, batch)

@@ -67,7 +67,8 @@ def estimate(w, mesh, topology, schedule) -> tuple[float, int, float, str]:
     (None: the default search)."""
     options = {} if schedule is None else dict(tactics=schedule, search=None)
     t0 = time.perf_counter()
-    plan = automap.partition(w.train_step, mesh=mesh, topology=topology, **options).plan(*w.abstract())
+    plan = automap.partition(w.train_step, mesh=mesh, topology=topology, arbiter=None,  # estimates only
+                             **options).plan(*w.abstract())
     plan_s = time.perf_counter() - t0
     est = plan.estimate
     chose = "; ".join(n[len("search: "):] for n in plan.notes if n.startswith("search: "))
