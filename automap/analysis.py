@@ -194,12 +194,16 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         # XLA all-reduces and then reshards)
         scatter = tuple(a for a in partial if a in in_actual and not any(a in i for i in implied)
                         and all(i == w[: len(i)] for i, w in zip(implied, actual) if a in w))
-        reduce = tuple(a for a in partial if a not in scatter)
         here = n_in + pos
         if scatter:
             out.append((here, "reduce-scatter", scatter, _per_device(nbytes, implied, sizes), "result"))
-        if reduce:
-            out.append((here, "all-reduce", reduce, _per_device(nbytes, implied, sizes), "result"))
+        # XLA all-reduces the partial sum of each sharded reduction factor on its own (a dot
+        # contracting the batch on 'data' and the sequence on 'model': over 'model', then over
+        # 'data'), not once over the axes together
+        for f in rule.reduction_factors:
+            reduce = tuple(a for a in fax.get(f, ()) if a not in scatter)
+            if reduce:
+                out.append((here, "all-reduce", reduce, _per_device(nbytes, implied, sizes), "result"))
         gather, move = _diff(implied, actual)
         if gather:
             out.append((here, "all-gather", gather, _per_device(nbytes, actual, sizes), "result"))

@@ -47,7 +47,7 @@ class SequenceDim:
     weight: int  # the weight whose tiling on the axis makes the tensor-parallel region
 
 
-def _token_dims(program: Program, ctx: PlanContext) -> tuple[frozenset, frozenset]:
+def token_dims(program: Program, ctx: PlanContext) -> tuple[frozenset, frozenset]:
     """((value, dim) the batch reaches, (value, dim) the data inputs' other dims reach), forwards."""
     key = ("batch_dims", ctx.data_inputs, ctx.state_inputs)  # shared with data_parallel
     if key not in program.memo:
@@ -85,7 +85,7 @@ def find_sequence_dims(program: Program, ctx: PlanContext) -> tuple[list[Sequenc
     """The sequence dim of every activation entering or leaving a tensor-parallel region."""
     candidates = _candidates(program, ctx)
     weights = weight_derived(program, ctx.state_inputs)
-    on_batch, tokens = _token_dims(program, ctx)
+    on_batch, tokens = token_dims(program, ctx)
     boundary: list[tuple[Op, int, str, int]] = []  # (op, linked position, where, weight)
     for c in candidates:
         if c.kind == "embedding":  # left in megatron's layout: see _fence
