@@ -125,6 +125,32 @@ def test_context_parallel_gathers_keys_and_values(name):
                                                                 if c.kind == "all-gather")
 
 
+def test_context_parallel_beside_megatron():
+    """dp + megatron on 'tensor' (heads, MLP hidden) + context parallelism on 'context', mesh 2x2x2: the
+    attention is split on the batch, the heads and the query at once; the keys and values are whole on
+    'context' alone; the step is the unsharded one and the estimate's bytes are XLA's (within 2%)."""
+    workload = WORKLOADS["gpt_linen"]()
+    state, batch = workload.init(0)
+    schedule = tactics.schedule(tactics.data_parallel("data"), tactics.megatron("tensor"),
+                                tactics.context_parallel("context"))
+    step = automap.automap(workload.train_step, mesh=automap.make_mesh({"data": 2, "tensor": 2, "context": 2}),
+                           tactics=[schedule], search=None, arbiter=None)
+    plan = step.plan(state, batch)
+    scores = _contraction(plan, SCORES["gpt_linen"][0])
+    assert [plan.state.spec(v) for v in scores.linked] == [
+        (("data",), ("context",), ("tensor",), ()), (("data",), (), ("tensor",), ()),
+        (("data",), ("tensor",), ("context",), ())]
+    compiled = step.lower(state, batch).compile(FAST)
+    outs = compiled(*jax.tree.leaves(jax.device_put((state, batch), plan.in_shardings)))
+    got = tree_util.tree_unflatten(plan.traced.out_tree, outs)
+    np.testing.assert_allclose(got[1], jax.jit(workload.train_step)(state, batch)[1], rtol=1e-5)
+    fidelity = plan.verify(compiled, warn=False)
+    assert fidelity.bytes_sent.ratio == pytest.approx(1.0, abs=0.02), str(fidelity)
+    assert {(r.kind, r.axes) for r in fidelity.collectives if r.measured_count} == {
+        ("all-reduce", ("context",)), ("all-reduce", ("data",)), ("all-reduce", ("tensor",)),
+        ("all-gather", ("context",)), ("reduce-scatter", ("context",))}
+
+
 def _tiny_step(mix_tokens: bool, attention: bool = True):
     def loss(w, x):  # x: (batch, seq, features)
         y = x @ w["up"]
