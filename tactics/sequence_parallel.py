@@ -203,7 +203,7 @@ def sequence_parallel(axis: str = "model") -> SequenceParallel:
     >>> down = [op for op in plan.program.all_ops if op.primitive == "dot_general"][1]
     >>> plan.state.spec(down.outputs[0])  # the row output: reduce-scattered to the sequence split
     (('data',), ('model',), ())
-    >>> sorted({c.kind for c in plan.estimate.collectives if c.axes == ("model",)})
-    ['all-gather', 'reduce-scatter']
+    >>> sorted({(c.kind, c.bytes) for c in plan.estimate.collectives if c.axes == ("model",)})  # and the loss
+    [('all-gather', 64), ('all-reduce', 4), ('reduce-scatter', 64)]
     """
     return SequenceParallel(axis)
