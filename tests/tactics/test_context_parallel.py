@@ -19,6 +19,7 @@ import automap
 import tactics
 from automap import zoo
 from automap.zoo.corpus import LlamaConfig, llama_gqa
+from tactics.flow import producers
 
 MESH_AXES = {"data": 2, "model": 4}
 SCHEDULES = {
@@ -52,7 +53,7 @@ MIX = {  # scores . v: (values, probabilities, output); the output [.., query] s
 # XLA's collectives (kind: count). The gradients are all-reduced over 'model' (sequence) and 'data'
 # (batch) separately, every weight's in one combined all-reduce per axis; the GPT's keys and values
 # are gathered once each (the backward reuses them); the llama's values are made by a contraction
-# whose result is pinned whole, and XLA gathers its input (the normed stream) there instead
+# whose result is pinned whole: XLA gathers its input (the normed stream) there
 MEASURED = {
     "gpt_linen": {"all-reduce": 4, "all-gather": 2, "reduce-scatter": 1},
     "llama_gqa": {"all-reduce": 2, "all-gather": 2, "reduce-scatter": 1},
@@ -111,18 +112,20 @@ def test_context_parallel_gathers_keys_and_values(name):
     estimated = [c for c in plan.estimate.collectives if c.axes == ("model",)]
     assert sorted(c.kind for c in estimated if c.kind != "all-reduce") == [
         "all-gather", "all-gather", "reduce-scatter", "reduce-scatter"]
-    # the estimate's gathers are the keys and values (each where it is made), their gradients scattered
-    # at the backward contractions with the scores
+    # the estimate's gathers are at the ops making the keys and the values (the llama's values are
+    # made by a contraction: its input is gathered, as XLA does), their gradients scattered at the
+    # backward contractions with the scores
     whole = [v for einsum in (SCORES[name][0], MIX[name][0]) for v in _contraction(plan, einsum).linked_inputs
              if not any("model" in axes for axes in plan.state.spec(v))]  # the keys, the values
-    assert sorted(c.value for c in estimated if c.kind == "all-gather") == sorted(whole)
+    made = producers(program)
+    assert sorted(c.op for c in estimated if c.kind == "all-gather") == sorted(made[v].id for v in whole)
     assert all(c.op in {op.id for op in program.all_ops if op.phase == "backward"}
                for c in estimated if c.kind == "reduce-scatter")
     fidelity = plan.verify(compiled, warn=False)
     assert fidelity.bytes_sent.ratio == pytest.approx(1.0, abs=0.1), str(fidelity)
-    if name == "gpt_linen":  # the gathers are XLA's, byte for byte
-        assert measured.collectives["all-gather"].bytes == sum(c.bytes * c.count for c in estimated
-                                                                if c.kind == "all-gather")
+    # the gathers and scatters are XLA's, byte for byte
+    for kind in ("all-gather", "reduce-scatter"):
+        assert measured.collectives[kind].bytes == sum(c.bytes * c.count for c in estimated if c.kind == kind), kind
 
 
 def test_context_parallel_beside_megatron():
