@@ -34,9 +34,11 @@ device; ``python tests/tactics/test_context_parallel.py``): the weights' gradien
 the sequence axis too, so at sequence 16 dp+context_parallel sends 181 KiB against data parallel's 68
 and dp+megatron's 56; at sequence 128 the activations dominate, and it holds 943 KiB against 2,564
 (dp) and 1,058 (dp+megatron) while sending 289 KiB against megatron's 326. The estimate's bytes are
-XLA's to the byte on the GPT (after the cost model learnt that XLA all-reduces each sharded
-reduction factor on its own: a weight's gradient, partial over the batch on 'data' and the sequence
-on 'model', is all-reduced over 'model' and then over 'data').
+XLA's to the byte on the GPT and the corpus Llama, at sequence 16 and 128, after the cost model
+learnt two things XLA does: it all-reduces each sharded reduction factor on its own (a weight's
+gradient, partial over the batch on 'data' and the sequence on 'model', is all-reduced over 'model'
+and then over 'data'), and a contraction whose result is wanted whole (the Llama's values, made by
+a projection) gathers its operand rather than its result.
 """
 from __future__ import annotations
 
