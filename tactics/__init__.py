@@ -6,6 +6,7 @@
 """
 from tactics.base import PlanContext, Schedule, Tactic, TacticResult, run_schedule, schedule
 from tactics.batch import batch_over_all_axes
+from tactics.context_parallel import context_parallel
 from tactics.data_parallel import data_parallel
 from tactics.expert_parallel import expert_parallel
 from tactics.fsdp import StateRoles, Zero, fsdp, state_roles, zero
@@ -16,7 +17,8 @@ from tactics.sequence_parallel import sequence_parallel
 from tactics.presets import fsdp_only, fsdp_tp, megatron_dp, zero_dp
 
 __all__ = [
-    "PlanContext", "Schedule", "StateRoles", "Tactic", "TacticResult", "Zero", "batch_over_all_axes", "data_parallel",
+    "PlanContext", "Schedule", "StateRoles", "Tactic", "TacticResult", "Zero", "batch_over_all_axes", "context_parallel",
+    "data_parallel",
     "expert_parallel", "fsdp", "fsdp_only", "fsdp_tp", "logical", "manual", "megatron", "megatron_dp", "run_schedule",
     "schedule", "sequence_parallel", "state_roles", "zero", "zero_dp",
 ]

@@ -45,6 +45,13 @@ def refusal(state: ShardingState, action: Action, tag: str, what: str) -> str | 
     return None
 
 
+def off_mesh(ctx: PlanContext, state: ShardingState, axis: str, tag: str) -> TacticResult | None:
+    """The result of a tactic asked for an axis the mesh lacks (the state unchanged, a note), or None."""
+    if axis in ctx.axes:
+        return None
+    return TacticResult(state, (f"{tag}: not a mesh axis {tuple(ctx.axes)}; nothing done",))
+
+
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """Tactics applied in order (like an optax chain): itself a tactic, so schedules nest."""

@@ -47,7 +47,7 @@ class SequenceDim:
     weight: int  # the weight whose tiling on the axis makes the tensor-parallel region
 
 
-def _token_dims(program: Program, ctx: PlanContext) -> tuple[frozenset, frozenset]:
+def token_dims(program: Program, ctx: PlanContext) -> tuple[frozenset, frozenset]:
     """((value, dim) the batch reaches, (value, dim) the data inputs' other dims reach), forwards."""
     key = ("batch_dims", ctx.data_inputs, ctx.state_inputs)  # shared with data_parallel
     if key not in program.memo:
@@ -78,7 +78,7 @@ def find_sequence_dims(program: Program, ctx: PlanContext) -> tuple[list[Sequenc
     """The sequence dim of every activation entering or leaving a tensor-parallel region."""
     candidates = candidates_of(ctx)[0]
     weights = weight_derived(program, ctx.state_inputs)
-    on_batch, tokens = _token_dims(program, ctx)
+    on_batch, tokens = token_dims(program, ctx)
     boundary: list[tuple[Op, int, str, int]] = []  # (op, linked position, where, weight)
     for c in candidates:
         if c.kind == "embedding":  # left in megatron's layout: see _fence
@@ -204,7 +204,7 @@ def sequence_parallel(axis: str = "model") -> SequenceParallel:
     >>> down = [op for op in plan.program.all_ops if op.primitive == "dot_general"][1]
     >>> plan.state.spec(down.outputs[0])  # the row output: reduce-scattered to the sequence split
     (('data',), ('model',), ())
-    >>> sorted({c.kind for c in plan.estimate.collectives if c.axes == ("model",)})
-    ['all-gather', 'reduce-scatter']
+    >>> sorted({(c.kind, c.bytes) for c in plan.estimate.collectives if c.axes == ("model",)})  # and the loss
+    [('all-gather', 64), ('all-reduce', 4), ('reduce-scatter', 64)]
     """
     return SequenceParallel(axis)
