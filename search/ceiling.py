@@ -4,8 +4,7 @@ fastest plan an expert composes from tactics.
 The reward is estimated step time. A plan a few percent faster than the expert's that sends
 more bytes or holds more memory is a bad trade in practice: the step-time estimate is the least
 certain number the cost model gives, while bytes and memory are the ones it predicts best. So
-once the seeds (the tactic compositions) are scored, the fastest feasible one that no other
-composition beats in both bytes sent and memory (:func:`search.compose.undominated`) sets a ceiling:
+once the seeds (the tactic compositions) are scored, the fastest feasible one sets a ceiling:
 plans above it in bytes sent or peak memory are *not admitted* as answers, and their reward in
 the tree is shaped down, as an over-budget plan's is, so the search climbs back under it.
 The answer is then at least as fast as the best expert plan and no heavier in either.
