@@ -135,10 +135,11 @@ def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, An
     bytes sent are at most the ceiling plan's (within :data:`BYTES_TIE`) and its memory at most
     the ceiling's (within :data:`MEMORY_SLACK`), so the ceiling promise holds by XLA's measure
     (without a ceiling plan among them, the answer's measure is the ceiling); an admitted
-    candidate another candidate *dominates* by XLA's measure (fewer bytes sent and less memory,
-    each by more than :data:`BYTES_TIE`) is dropped: the answer is never worse in both than an
-    expert plan XLA measured. Of the rest, the fastest by the cost model's time is kept.
-    Returns (its state, a note for the plan's report).
+    candidate another candidate *dominates* by XLA's measure (no worse in bytes sent and memory
+    within :data:`MEMORY_SLACK`, as :func:`prefer` trades them, and better in one by more than
+    :data:`BYTES_TIE`; strictly better in both where that would drop every candidate) is dropped:
+    the answer is never worse in both than an expert plan XLA measured. Of the rest, the fastest
+    by the cost model's time is kept. Returns (its state, a note for the plan's report).
 
     >>> import types
     >>> from automap.measure import CollectiveOp, MemoryStat
@@ -162,12 +163,17 @@ def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, An
         return (m.wire_bytes <= ceiling.wire_bytes * (1 + BYTES_TIE)
                 and (m.memory_per_device or 0) <= (ceiling.memory_per_device or 0) * (1 + MEMORY_SLACK))
 
-    def dominates(q: Measurement, m: Measurement) -> bool:
-        slack = 1 - BYTES_TIE
-        return (q.wire_bytes < m.wire_bytes * slack
-                and (q.memory_per_device or 0) < (m.memory_per_device or 0) * slack)
+    def dominates(q: Measurement, m: Measurement, slack: float) -> bool:
+        qb, qm, mb, mm = q.wire_bytes, q.memory_per_device or 0, m.wire_bytes, m.memory_per_device or 0
+        return (qb <= mb * (1 + slack) and qm <= mm * (1 + slack)
+                and (qb < mb * (1 - BYTES_TIE) or qm < mm * (1 - BYTES_TIE)))
 
-    pool = [c for c in got if admitted(c[3]) and not any(dominates(o[3], c[3]) for o in got if o is not c)]
+    def undominated(slack: float) -> list:
+        return [c for c in got if admitted(c[3]) and not any(dominates(o[3], c[3], slack) for o in got if o is not c)]
+
+    # no worse in both within MEMORY_SLACK (as :func:`prefer` trades them) and better in one; where
+    # that leaves nothing (candidates within the slack of each other), strictly better in both
+    pool = undominated(MEMORY_SLACK) or undominated(-BYTES_TIE)
     kept = min(pool, key=lambda c: c[2].time_s)
     figures = "; ".join(f"{label} {human_bytes(m.wire_bytes)} sent, {human_bytes(m.memory_per_device or 0)} "
                         f"memory, estimated {score.time_s * 1e3:.3f} ms" for label, _, score, m in got)

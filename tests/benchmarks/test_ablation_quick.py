@@ -36,8 +36,8 @@ def test_full_chain_plans_as_the_default_search():
     w = zoo.gpt_linen(zoo.GPTConfig(layers=1))
     mesh = automap.make_mesh({"data": 2, "model": 4})
     full = search.ChainSearch(search.MCTS().stages())
-    a = automap.automap(w.train_step, mesh=mesh, search=search.MCTS()).plan(*w.abstract())
-    b = automap.automap(w.train_step, mesh=mesh, search=full).plan(*w.abstract())
+    a = automap.automap(w.train_step, mesh=mesh, search=search.MCTS(), arbiter=None).plan(*w.abstract())
+    b = automap.automap(w.train_step, mesh=mesh, search=full, arbiter=None).plan(*w.abstract())
     assert b.state.specs == a.state.specs
     assert b.estimate.time_s == a.estimate.time_s
 
