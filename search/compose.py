@@ -46,11 +46,17 @@ def compositions(space: SearchSpace, width: int = BEAM_WIDTH) -> list[Plan]:
                 seen.add(state.key())
                 child = Plan(state, space.score(state), base.moves + (action,))
                 (refined if action.tactic in REFINES else children).append(child)
-                # a macro that refines this one on its axis (sequence parallelism: megatron's
-                # regions) is tried right after it, once; the plan it makes is met but not
-                # extended (it would take a place in the beam from a plan that differs more)
-                todo[:0] = [(child, TacticAction(r, action.axis)) for r, of in REFINES.items()
-                            if of == action.tactic and r in space.macros and space.offered(r, action.axis, state)]
+                # a macro that refines one this plan holds on its axis (sequence parallelism:
+                # megatron's regions) is tried right after it, once, whichever order made the
+                # plan (dp then megatron and megatron then dp are one state, met once); the plan
+                # it makes is met but not extended (it would take a place in the beam from a plan
+                # that differs more)
+                if action.tactic in REFINES:
+                    continue
+                done = {(a.tactic, a.axis) for a in child.moves if isinstance(a, TacticAction)}
+                todo[:0] = [(child, TacticAction(r, axis)) for r, of in REFINES.items() if r in space.macros
+                            for t, axis in sorted(done) if t == of and (r, axis) not in done
+                            and space.offered(r, axis, state)]
         children.sort(key=lambda p: order.key(p.score))  # stable: ties keep the legal order
         met += children + refined
         frontier = children[:width]

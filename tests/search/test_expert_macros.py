@@ -84,11 +84,11 @@ def test_the_compositions_hold_expert_and_sequence_parallel_plans_within_the_bud
         finally:
             del space.apply
         assert len(applied) <= BEAM_BUDGET
-        # sequence parallelism is tried right after the megatron it refines, never later
+        # sequence parallelism refines a megatron the plan holds on its axis, and is never extended
         for moves in plans:
             for i, m in enumerate(moves):
                 if m.tactic == "sequence_parallel":
-                    assert i > 0 and moves[i - 1] == MEG(m.axis), moves
+                    assert i == len(moves) - 1 and MEG(m.axis) in moves[:i], moves
     assert (DP("data"), EP("model"), MEG("model")) in {p.moves for p in compositions(moe)}
     assert (DP("data"), MEG("model"), SP("model")) in {p.moves for p in compositions(gpt)}  # Megatron-LM's
 
