@@ -144,7 +144,7 @@ def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, r
     once more under the budget scaled by what XLA measured against the estimate (the estimate's
     own error, calibrated on this program), and XLA measures its answer the same way."""
     from automap.cost import estimate
-    from search.planning import budget_bytes
+    from search.planning import MemoryBudgetError, budget_bytes
     from search.recompute import fit_by_measure
 
     budget = budget_bytes(memory_budget, topology or default_topology())
@@ -155,7 +155,7 @@ def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, r
         scaled = int(budget * estimate(state, topology, donated=tuple(donated)).peak_memory_bytes / got)
         try:
             again, refound = research(scaled)
-        except Exception:  # noqa: BLE001  (MemoryBudgetError: nothing fits the scaled budget either)
+        except MemoryBudgetError:  # nothing fits the scaled budget either
             return state, notes + (f"recompute: no plan within {human_bytes(scaled)} by estimate, the budget "
                                    "scaled by XLA's measure; kept the plan XLA measured smallest",)
         fallbacks = [alt for _, alt, _ in refound.alternatives]

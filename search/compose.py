@@ -46,8 +46,8 @@ def compositions(space: SearchSpace, width: int = BEAM_WIDTH) -> list[Plan]:
                 seen.add(state.key())
                 child = Plan(state, space.score(state), base.moves + (action,))
                 (refined if action.tactic in REFINES else children).append(child)
-                # a macro that refines one this plan holds on its axis (sequence parallelism:
-                # megatron's regions) is tried right after it, once, whichever order made the
+                # a macro that refines one this new plan holds on an axis (sequence parallelism:
+                # megatron's regions) is tried on it right away, once, whichever order made the
                 # plan (dp then megatron and megatron then dp are one state, met once); the plan
                 # it makes is met but not extended (it would take a place in the beam from a plan
                 # that differs more)
