@@ -1,0 +1,163 @@
+"""Issue 21's expert-parallel done-when measured: on GShard-style top-2 MoEs (corpus
+``moe_einsum``) and the dropless top-1 MoE (``moe_ragged``: tokens sorted by expert over the
+whole batch, ``jax.lax.ragged_dot``), mesh data=2 x model=4 on 8 simulated CPU devices, the
+default plan (no tactics, the default search and arbiter) against the hand-written
+expert-parallel plans, side by side by XLA's measure (wire bytes sent and memory per device,
+XLA:CPU with the test suite's fast options), each sharded loss held against the unsharded step.
+
+Hand-written plans (``tactics.manual``), the expert weights and their Adam moments split on their
+expert dim over ``model``: on the GShard MoE the batch over ``data`` (``hand EP, batch on data``:
+the tests' plan) and over both axes where it divides (``hand EP, batch on both``); on the ragged
+MoE, whose global sort gathers every token, the batch left whole (``hand EP, batch whole``) and
+over ``data``. The reference is the first, unless :func:`automap.arbiter.prefer` keeps another
+over it. The tactic plans ``dp + expert_parallel`` (GShard's layout: the tokens over the expert
+axis too) and ``dp + expert_parallel + megatron`` are printed beside them.
+
+    python benchmarks/moe_expert.py [--configs tiny,batch-8,...] [--topology h100-8]
+
+``--topology`` plans the default under a preset (the figures stay XLA:CPU's); the default is the
+topology ``automap`` picks for the devices (``cpu-sim`` here). Nothing is written to disk.
+"""
+import argparse
+import os
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+import _isolate  # noqa: E402,F401  (first: keeps benchmarks/search.py from shadowing the package)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import automap  # noqa: E402
+import tactics  # noqa: E402
+from automap.arbiter import prefer  # noqa: E402
+from automap.measure import Measurement  # noqa: E402
+from automap.zoo.corpus.moe import MoEConfig, moe_einsum, moe_ragged  # noqa: E402
+
+AXES = {"data": 2, "model": 4}
+MID = dict(vocab=512, seq=64, d_model=256, hidden=1024, experts=8, batch=16)  # compute outweighs latency
+CONFIGS = {  # (model, MoEConfig fields); "tiny" is the corpus default (tests/search/test_expert_macros.py)
+    "tiny": ("einsum", dict()),
+    "batch-8": ("einsum", dict(batch=8)),
+    "experts-8": ("einsum", dict(experts=8, batch=8)),
+    "capacity-1": ("einsum", dict(capacity_factor=1.0, batch=8)),
+    "wide": ("einsum", dict(experts=8, d_model=64, hidden=128, capacity_factor=1.25, batch=8, seq=16)),
+    "mid": ("einsum", MID),
+    "ragged-tiny": ("ragged", dict()),
+    "ragged-batch-8": ("ragged", dict(batch=8)),
+    "ragged-mid": ("ragged", MID),
+}
+MODELS = {"einsum": moe_einsum, "ragged": moe_ragged}
+FAST = {  # as the tests compile: XLA:CPU without optimisation passes (the SPMD partitioner runs all the same)
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+    "xla_cpu_use_fusion_emitters": False,
+}
+EXPERTS = r"w_in$|w_out$"
+HAND = "hand EP, "
+
+
+def plans(model: str, cfg: MoEConfig, topology) -> dict[str, dict]:
+    """name -> keywords of :func:`automap.partition`: the hand-written plans of ``model`` (the
+    reference first), the tactic plans, the default."""
+    dp, ep = tactics.data_parallel("data"), tactics.expert_parallel("model")
+    fixed = dict(search=None, arbiter=None)
+    batch = {"data": P("data"), "both": P(("data", "model")), "whole": None}
+    ways = ["data"] + (["both"] if cfg.batch % (AXES["data"] * AXES["model"]) == 0 else [])
+    if model == "ragged":  # the global sort gathers every token: the batch left whole, or over data
+        ways = ["whole", "data"]
+    out = {}
+    for way in ways:
+        rules = {EXPERTS: P("model", None, None), **({r"^batch/": batch[way]} if batch[way] else {})}
+        label = HAND + ("batch whole" if way == "whole" else f"batch on {way}")
+        out[label] = dict(tactics=[tactics.manual(rules)], **fixed)
+    out["dp + expert_parallel"] = dict(tactics=[dp, ep], **fixed)
+    out["dp + expert_parallel + megatron"] = dict(tactics=[dp, ep, tactics.megatron("model")], **fixed)
+    out["default"] = {} if topology is None else dict(topology=automap.Topology.preset(topology))
+    return out
+
+
+def measure_config(name: str, topology) -> str:
+    """Print one configuration's rows; returns the verdict (default against the better hand-written plan)."""
+    model, fields = CONFIGS[name]
+    cfg = MoEConfig(**fields)
+    w = MODELS[model](cfg)
+    state, batch = w.init(0)
+    mesh = automap.make_mesh(AXES)
+    want = float(jax.jit(w.train_step)(state, batch)[1])
+    fields_text = ", ".join(f"{k}={v}" for k, v in fields.items())
+    print(f"\n{name}: moe_{model}(MoEConfig({fields_text})), mesh data=2 x model=4")
+    got, kept = {}, ""
+    for label, kw in plans(model, cfg, topology).items():
+        t0 = time.perf_counter()
+        step = automap.partition(w.train_step, mesh=mesh, **kw)
+        plan = step.plan(state, batch)
+        compiled = step.lower(state, batch).compile(FAST)
+        m = got[label] = automap.measure(compiled)
+        outs = compiled(*jax.tree.leaves(jax.device_put((state, batch), plan.in_shardings)))
+        loss = float(jax.tree_util.tree_unflatten(plan.traced.out_tree, outs)[1])
+        np.testing.assert_allclose(loss, want, rtol=1e-5)
+        print(f"  {label:<34} wire {m.wire_bytes:>11,.0f} B  memory {m.memory_per_device:>11,} B  "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        if label == "default":
+            kept = next((n.split("; measured")[0] for n in plan.notes if n.startswith("search arbiter")), "")
+            kept = kept or "; ".join(n for n in plan.notes if n.startswith("search: ") and "held" not in n)
+    best = reference({k: m for k, m in got.items() if k.startswith(HAND)})
+    wire, memory, said = verdict(got["default"], got[best])
+    print(f"  default / better hand-written ({best}): wire {wire:.3f}x, memory {memory:.3f}x: {said}")
+    print(f"  default plan: {kept}")
+    return said
+
+
+def reference(hands: dict[str, Measurement]) -> str:
+    """The better hand-written plan: the first, unless :func:`automap.arbiter.prefer` keeps a later one."""
+    names = list(hands)
+    best = names[0]
+    for name in names[1:]:
+        if prefer(hands[best], hands[name]):
+            best = name
+    return best
+
+
+def verdict(default: Measurement, hand: Measurement) -> tuple[float, float, str]:
+    """(wire ratio, memory ratio, what they say) of the default plan against the hand-written one.
+
+    >>> from automap.measure import CollectiveOp, MemoryStat
+    >>> def m(sent, memory):
+    ...     op = CollectiveOp("all-gather", 2 * sent, 1, [[0, 1]], "ag", "main", group_size=2)
+    ...     return Measurement({}, MemoryStat(memory, 0, 0, 0), 0, [op] if sent else [])
+    >>> verdict(m(90, 100), m(100, 100))[2], verdict(m(110, 120), m(100, 100))[2]
+    ('<= in both', 'DOMINATED')
+    >>> verdict(m(90, 101), m(100, 100))[2]  # within MEMORY_SLACK: the arbiter would keep the default
+    'fewer bytes, more memory (arbiter.prefer: the default)'
+    >>> verdict(m(0, 300), m(100, 100))[2]
+    'fewer bytes, more memory (arbiter.prefer: neither)'
+    """
+    wire = default.wire_bytes / max(hand.wire_bytes, 1)
+    memory = default.memory_per_device / hand.memory_per_device
+    if wire <= 1 and memory <= 1:
+        return wire, memory, "<= in both"
+    if wire > 1 and memory > 1:
+        return wire, memory, "DOMINATED"
+    kept = "the default" if prefer(hand, default) else "the hand-written plan" if prefer(default, hand) else "neither"
+    trade = "fewer bytes, more memory" if wire <= 1 else "less memory, more bytes"
+    return wire, memory, f"{trade} (arbiter.prefer: {kept})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--topology", default=None, help="a Topology preset the default plan is searched under")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    names = args.configs.split(",")
+    verdicts = {name: measure_config(name, args.topology) for name in names}
+    met = [n for n, v in verdicts.items() if v == "<= in both"]
+    print(f"\ndefault <= the better hand-written expert plan in bytes and memory: {len(met)} of {len(names)} "
+          f"({', '.join(met)}); the others: " + "; ".join(f"{n}: {v}" for n, v in verdicts.items() if n not in met))
+    print(f"({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
