@@ -8,10 +8,11 @@ the plan's input and output specs (fixed, as ``in_shardings``/``out_shardings`` 
 Shardy's default pipeline does (jax 0.10: op-priority propagation with the aggressive factor
 strategy), through automap's factor rules:
 
-- in three rounds, each to a fixpoint: first only ops every factor of which every linked value
-  holds (elementwise ops, transposes, reshapes), then every op along its parallel factors (a
-  broadcast backward only), then every op along every factor; an elementwise operand broadcast
-  along size-1 dims is a ``broadcast_in_dim`` to XLA;
+- in three rounds, each to a fixpoint: first only ops every factor of which every result holds
+  (elementwise ops, transposes, reshapes, broadcasts), then every op along its parallel factors,
+  then every op along every factor; an operand holding fewer factors (a broadcast's, or an
+  elementwise operand broadcast along size-1 dims, a ``broadcast_in_dim`` to XLA) takes axes from
+  the second round on and gives them only in the last;
 - at an op, each factor takes the axes its linked values agree on (the longest where one's axes
   extend another's; where they disagree, only their common prefix: no decision wins);
 - where factors want the same axis on one value, the factor whose proposing value is larger
@@ -59,11 +60,11 @@ def xla_layout(state: ShardingState) -> ShardingState:
     users = program.users_of
     budget = 64 * (len(program.all_ops) + 1)
     for level in range(len(ROUNDS)):
-        queue = collections.deque(op for op in program.all_ops if _takes_part(op, level))
+        queue = [op for op in reversed(program.all_ops) if _takes_part(op, level)]  # popped in program order
         queued = set(queue)
         while queue and budget:
             budget -= 1
-            op = queue.popleft()
+            op = queue.pop()
             queued.discard(op)
             for vid in _step(op, level, specs, fixed, sizes):
                 for user in users[vid]:
@@ -76,14 +77,18 @@ def xla_layout(state: ShardingState) -> ShardingState:
 
 
 def _pass_through(rule: FactorRule, dims_of: Sequence) -> bool:
-    """An elementwise-like op: no reduction or blocked factor, every factor in every result, and
-    in at least one operand (others hold fewer, broadcast along size-1 dims)."""
+    """An elementwise-like op: no reduction or blocked factor, every factor in every result (an
+    operand holding fewer is broadcast along size-1 dims, or by a ``broadcast_in_dim``)."""
     if any(f.kind != "parallel" for f in rule.factors):
         return False
-    every = set(range(len(rule.factors)))
-    held = [{f for dim in dims for f in dim} for dims in dims_of]
+    every = _sized(rule, range(len(rule.factors)))
     n = len(rule.operands)
-    return all(h == every for h, dims in zip(held[n:], dims_of[n:]) if dims) and any(h == every for h in held[:n])
+    return all(_sized(rule, (f for dim in dims for f in dim)) == every for dims in dims_of[n:] if dims)
+
+
+def _sized(rule: FactorRule, factors) -> set[int]:
+    """The factors of more than one element (a broadcast adding only size-1 dims is a reshape)."""
+    return {f for f in factors if rule.factors[f].size > 1}
 
 
 def _takes_part(op: Op, level: int) -> bool:
@@ -107,8 +112,6 @@ def _direction(op: Op, level: int, f: int) -> str:
     first = "forward" if op.primitive in FORWARD_ONLY else ""
     if level == 0 or (level == 1 and kind != "parallel"):
         return first
-    if level == 1 and op.primitive == "broadcast_in_dim":
-        return "both" if first else "backward"
     return "both"
 
 
@@ -141,10 +144,10 @@ def _step(op: Op, level: int, specs: dict, fixed: frozenset, sizes: Mapping[str,
         cur.append(fax)
         holds.append({f for dim in dims for f in dim})
     elementwise = _pass_through(rule, dims_of)
-    every = set(range(len(rule.factors)))
+    every = _sized(rule, range(len(rule.factors)))
     # an elementwise op's operand broadcast along size-1 dims is an implicit broadcast_in_dim: it
     # proposes nothing before the last round, and takes axes (backward) from the second on
-    broadcast = {t for t in range(n_operands) if elementwise and holds[t] != every} if level < 2 else set()
+    broadcast = {t for t in range(n_operands) if elementwise and _sized(rule, holds[t]) != every} if level < 2 else set()
     wanted: dict[int, Axes] = {}
     operands, results = list(range(n_operands)), list(range(n_operands, len(linked)))
     for f in range(len(rule.factors)):
