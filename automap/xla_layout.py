@@ -15,8 +15,9 @@ strategy), through automap's factor rules:
   the second round on and gives them only in the last;
 - at an op, each factor takes the axes its linked values agree on (the longest where one's axes
   extend another's; where they disagree, only their common prefix: no decision wins);
-- where factors want the same axis on one value, the factor whose proposing value is larger
-  takes it (then the earlier value, then the earlier factor): an activation split on the batch
+- where factors want the same axis on one value, the factor whose proposing value holds more
+  elements takes it (then the earlier value, then the earlier factor; a convolution's input
+  counts its window dims, which automap's rule leaves without a factor): an activation split on the batch
   and a larger weight split on its output features over one axis give the result the features;
 - a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
   of an elementwise op takes no more axes sideways than its result holds.
@@ -66,7 +67,7 @@ def xla_layout(state: ShardingState) -> ShardingState:
             budget -= 1
             op = queue.pop()
             queued.discard(op)
-            for vid in _step(op, level, specs, fixed, sizes):
+            for vid in _step(op, level, specs, fixed, sizes, program.values):
                 for user in users[vid]:
                     if user not in queued and _takes_part(user, level):
                         queued.add(user)
@@ -126,7 +127,7 @@ def _common(old: Axes, new: Axes, can_expand: bool) -> tuple[Axes, bool]:
     return (old + new[n:] if can_expand else old), can_expand
 
 
-def _step(op: Op, level: int, specs: dict, fixed: frozenset, sizes: Mapping[str, int]) -> list[int]:
+def _step(op: Op, level: int, specs: dict, fixed: frozenset, sizes: Mapping[str, int], values: Sequence) -> list[int]:
     """Propagate through one op (module docstring); returns the values whose spec grew."""
     rule = op.rule
     linked = op.linked
@@ -171,7 +172,7 @@ def _step(op: Op, level: int, specs: dict, fixed: frozenset, sizes: Mapping[str,
     # factors in order of preference: the larger source value, then the earlier one, then the factor
     source: dict[int, tuple[int, int]] = {}
     for t, dims in enumerate(dims_of):
-        size = math.prod(rule.factors[f].size for f in holds[t])
+        size = math.prod(values[linked[t]].shape)  # XLA's rules give every dim a factor (a conv's window too)
         for f in holds[t] & wanted.keys():
             got = cur[t].get(f, ())
             if got[: len(wanted[f])] == wanted[f] and len(got) >= len(wanted[f]) and size > source.get(f, (-1, 0))[0]:
