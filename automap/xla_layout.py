@@ -32,11 +32,18 @@ import math
 from typing import Mapping, Sequence
 
 from automap.factors import Axes, compose_dim, split_dim
-from automap.ir.program import Op
+from automap.ir.program import Op, Program
 from automap.rules.registry import FactorRule
 from automap.shardings import ShardingState
 
-__all__ = ["xla_layout"]
+__all__ = ["models", "xla_layout"]
+
+LOOPS = ("scan", "while")
+
+
+def models(program: Program) -> bool:
+    """Whether :func:`xla_layout` models XLA's propagation of ``program``: it has no loop."""
+    return not any(op.primitive in LOOPS for op in program.all_ops)
 
 ROUNDS = ("pass-through ops", "parallel factors", "all factors")
 
