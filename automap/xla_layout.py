@@ -20,14 +20,15 @@ strategy), through automap's factor rules:
   counts its window dims, which automap's rule leaves without a factor): an activation split on the batch
   and a larger weight split on its output features over one axis give the result the features;
 - a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
-  of an elementwise op takes no more axes sideways than its result holds.
+  of an elementwise op takes no more axes sideways than its result holds;
+- ops are taken in program order, the ops of a value just extended next (MLIR's greedy rewrite
+  driver, top-down, as Shardy runs it).
 
 Every dim gets priority 0: where values still disagree at an op, the cost model
 (:func:`automap.analysis.reshards`) resolves the tie as XLA's partitioner does.
 """
 from __future__ import annotations
 
-import collections
 import math
 from typing import Mapping, Sequence
 
