@@ -35,7 +35,8 @@ def pinned_values(state: ShardingState, policy: PinPolicy = "plan") -> frozenset
     (the ragged MoE under ``expert_parallel``: its 14 decided values alone compiled 110,700 B
     sent against 36,864 B estimated; with the anchors 36,912 B); a plan with a ``scan`` is pinned so
     whatever it decided (:func:`_has_scan`). A plan without one that decided only its inputs pins nothing: it compiles to what
-    ``jax.jit`` makes of the same in/out shardings (pinning the priced reshardings of such a plan
+    ``jax.jit`` makes of the same in/out shardings, and is estimated in the layout XLA gives it
+    (:mod:`automap.xla_layout`) (pinning the priced reshardings of such a plan
     as well compiled to 1.35-1.48x jax.jit's bytes sent under FSDP specs:
     ``python benchmarks/fidelity.py --pins anchors --plans manual_fsdp``).
     ``anchors``: results of the ops whose traits say ``emit="pin"`` (contractions and embedding

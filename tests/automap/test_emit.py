@@ -197,7 +197,9 @@ def test_plan_pins_realise_a_decision_on_an_activation(policy, pinned, compiled)
     assert sorted(plan.program.value(v).name for v in plan.pins) == pinned
     step = automap.partition(_exp_matmul, mesh=MESH, plan=plan, arbiter=None)
     assert collectives(step.lower(EXP_X, EXP_W).compile()) == compiled
-    assert [(c.kind, c.axes, c.bytes) for c in plan.estimate.collectives] == [("all-reduce", ("model",), 64)]
+    # pinned, the plan is estimated as planned; with nothing pinned, in the layout XLA gives it (as compiled)
+    want = [("all-reduce", ("model",), 64)] if pinned else []
+    assert [(c.kind, c.axes, c.bytes) for c in plan.estimate.collectives] == want
     close(step(EXP_X, EXP_W), _exp_matmul(EXP_X, EXP_W))
 
 

@@ -2,6 +2,7 @@
 (never compile worse than jax.jit given the same input shardings), on 8 CPU devices."""
 import dataclasses
 import os
+import re
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
@@ -19,6 +20,7 @@ import search
 import tactics
 from automap import emit, zoo
 from automap.measure import measure
+from automap.trace import path_str
 from automap.verify import FidelityWarning, verify
 
 
@@ -198,6 +200,44 @@ def test_user_fsdp_specs_are_estimated_as_xla_lays_them_out():
     np.testing.assert_allclose(step(params, x), _fsdp_mlp(params, x), rtol=1e-5)
 
 
+def _fsdp_rules(state: dict, batch: dict) -> list:
+    """Hand-written FSDP specs of the zoo MLP's train step: every state leaf split on its largest
+    dim 8 divides over both axes, the batch over both axes."""
+    def spec(shape):
+        dims = [d for d, n in enumerate(shape) if n % 8 == 0]
+        best = max(dims, key=lambda d: (shape[d], -d)) if dims else None
+        return P(*[("data", "model") if d == best else None for d in range(len(shape))])
+
+    leaves = [("state/" + path_str("", p), x.shape) for p, x in tree_util.tree_flatten_with_path(state)[0]]
+    leaves += [("batch/" + path_str("", p), x.shape) for p, x in tree_util.tree_flatten_with_path(batch)[0]]
+    return [("^" + re.escape(path) + "$", spec(shape)) for path, shape in leaves]
+
+
+def test_a_pin_free_fsdp_plan_is_estimated_in_xlas_layout():
+    """The zoo MLP's train step under hand-written FSDP specs (mesh 2x4) decides only its inputs:
+    nothing is pinned and XLA's propagation (Shardy) lays out the intermediates. The estimate is
+    made in that layout (automap.xla_layout: the larger operand's split wins a contraction, the
+    bias broadcasts take axes forward only in the last round), so it names XLA's collectives
+    exactly, kind, axes and bytes, and its dot FLOPs (estimated in automap's own layout before: the
+    batch kept split and every weight gathered, 5.13x XLA's bytes and 0.69x its dot FLOPs on the
+    benchmark's larger MLP)."""
+    w = zoo.mlp(zoo.MLPConfig(d_in=16, hidden=(64, 64), d_out=16, batch=8))
+    state, batch = w.init(0)
+    step = automap.automap(w.train_step, mesh=automap.make_mesh({"data": 2, "model": 4}),
+                           tactics=[tactics.manual(_fsdp_rules(state, batch))], search=None)
+    plan = step.plan(state, batch)
+    assert plan.pins == frozenset() and plan.xla_lays_out
+    fid = step.verify(state, batch, warn=False)
+    # every collective's bytes (XLA combines the optimizer's small all-reduces into one)
+    assert [(r.kind, r.axes, r.estimated_bytes) for r in fid.collectives] == [
+        (r.kind, r.axes, r.measured_bytes) for r in fid.collectives]
+    assert fid.bytes_sent.estimated == fid.bytes_sent.measured and fid.dot_flops.estimated == fid.dot_flops.measured
+    dm = ("data", "model")  # the activations gathered (3x 2,688 B) and scattered back, no weight gathered
+    assert [(r.kind, r.axes, r.measured_count, r.measured_bytes) for r in fid.collectives[1:]] == [
+        ("all-gather", dm, 3, 2688), ("reduce-scatter", dm, 2, 2240)]
+    np.testing.assert_allclose(step(state, batch)[1], jax.jit(w.train_step)(state, batch)[1], rtol=1e-5)
+
+
 def _gpt_case():
     w = zoo.gpt_linen(zoo.GPTConfig(layers=1, vocab=64, seq=8, d_model=32, heads=4, batch=8))
     state, batch = w.init(0)
@@ -259,9 +299,13 @@ def test_zero1_decision_is_compiled_as_planned_and_the_arbiter_keeps_xlas_cheape
     arbitration = plan.measured["arbitration"]
     (pinned,) = arbitration.others
     assert (arbitration.kept.name, pinned.name) == ("inputs-only", "pinned")
-    assert pinned.bytes_sent == plan.estimate.wire_bytes  # the plan, as estimated
+    as_planned = automap.cost.estimate(plan.state, plan.topology or automap.cost.default_topology(),
+                                       donated=plan.donated)
+    assert pinned.bytes_sent == as_planned.wire_bytes  # the plan, as estimated
     assert pinned.measurement.count("reduce-scatter") == 0
     assert arbitration.kept.bytes_sent < pinned.bytes_sent and arbitration.kept.measurement.count("reduce-scatter")
+    # the inputs-only program kept, the estimate is of the layout XLA gave it: exactly its bytes
+    assert plan.xla_lays_out and plan.estimate.wire_bytes == arbitration.kept.bytes_sent
 
 
 def test_a_scanned_plan_that_decided_only_its_inputs_is_pinned_as_planned():

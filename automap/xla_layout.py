@@ -1,0 +1,243 @@
+"""The layout XLA's propagation (Shardy) gives a program from its input and output specs alone.
+
+A plan that decided only its inputs pins nothing (:func:`automap.emit.pinned_values`), and where
+the arbiter keeps the inputs-only program nothing pinned is compiled either: XLA lays out every
+intermediate itself, and the estimate is made in that layout (:attr:`automap.api.Plan.layout`),
+not in automap's (:mod:`automap.propagate`, where the earliest decision wins). :func:`xla_layout` re-propagates
+the plan's input and output specs (fixed, as ``in_shardings``/``out_shardings`` fix them) the way
+Shardy's default pipeline does (jax 0.10: op-priority propagation with the aggressive factor
+strategy), through automap's factor rules:
+
+- in three rounds, each to a fixpoint: first only ops every factor of which every result holds
+  (elementwise ops, transposes, reshapes, broadcasts), then every op along its parallel factors,
+  then every op along every factor; an operand holding fewer factors (a broadcast's, or an
+  elementwise operand broadcast along size-1 dims, a ``broadcast_in_dim`` to XLA) takes axes from
+  the second round on and gives them only in the last;
+- at an op, each factor takes the axes its linked values agree on (the longest where one's axes
+  extend another's; where they disagree, only their common prefix: no decision wins);
+- where factors want the same axis on one value, the factor whose proposing value holds more
+  elements takes it (then the earlier value, then the earlier factor; a convolution's input
+  counts its window dims, which automap's rule leaves without a factor): an activation split on the batch
+  and a larger weight split on its output features over one axis give the result the features;
+- a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
+  of an elementwise op takes no more axes sideways than its result holds;
+- ops are taken in program order, the ops of a value just extended next (MLIR's greedy rewrite
+  driver, top-down, as Shardy runs it).
+
+Every dim gets priority 0: where values still disagree at an op, the cost model
+(:func:`automap.analysis.reshards`) resolves the tie as XLA's partitioner does.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from automap.factors import Axes, compose_dim, split_dim
+from automap.ir.program import Op, Program
+from automap.rules.registry import FactorRule
+from automap.shardings import ShardingState
+
+__all__ = ["models", "xla_layout"]
+
+LOOPS = ("scan", "while")
+
+
+def models(program: Program) -> bool:
+    """Whether :func:`xla_layout` models XLA's propagation of ``program``: it has no loop."""
+    return not any(op.primitive in LOOPS for op in program.all_ops)
+
+ROUNDS = ("pass-through ops", "parallel factors", "all factors")
+
+
+def xla_layout(state: ShardingState) -> ShardingState:
+    """``state``'s program laid out from the specs of its inputs and outputs alone, as XLA's
+    propagation lays it out (module docstring); every other spec of ``state`` is dropped.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> prog = lower(jax.make_jaxpr(lambda x, w: jnp.tanh(x @ w))(jnp.ones((8, 16)), jnp.ones((16, 64))),
+    ...              ["x", "w"], ["y"])
+    >>> x, w = prog.inputs
+    >>> s = ShardingState(prog, {"data": 2}, specs={x: (("data",), ()), w: ((), ("data",))})
+    >>> xla_layout(s).spec(prog.ops[0].outputs[0])  # the larger weight's feature split wins over the batch
+    ((), ('data',))
+    """
+    program = state.program
+    fixed = frozenset(program.inputs) | frozenset(program.outputs)
+    specs = {v: state.specs[v] for v in fixed if v in state.specs}
+    sizes = state.axes
+    users = program.users_of
+    budget = 64 * (len(program.all_ops) + 1)
+    for level in range(len(ROUNDS)):
+        queue = [op for op in reversed(program.all_ops) if _takes_part(op, level)]  # popped in program order
+        queued = set(queue)
+        while queue and budget:
+            budget -= 1
+            op = queue.pop()
+            queued.discard(op)
+            for vid in _step(op, level, specs, fixed, sizes, program.values):
+                for user in users[vid]:
+                    if user not in queued and _takes_part(user, level):
+                        queued.add(user)
+                        queue.append(user)
+    priority = {(v, d): 0 for v, spec in specs.items() for d, axes in enumerate(spec) if axes}
+    return ShardingState(program, dict(sizes), specs=specs, priority=priority, frozen=state.frozen | fixed,
+                         next_priority=max(state.next_priority, 1), labels=dict(state.labels))
+
+
+def _pass_through(rule: FactorRule, dims_of: Sequence) -> bool:
+    """An elementwise-like op: no reduction or blocked factor, every factor in every result (an
+    operand holding fewer is broadcast along size-1 dims, or by a ``broadcast_in_dim``)."""
+    if any(f.kind != "parallel" for f in rule.factors):
+        return False
+    every = _sized(rule, range(len(rule.factors)))
+    n = len(rule.operands)
+    return all(_sized(rule, (f for dim in dims for f in dim)) == every for dims in dims_of[n:] if dims)
+
+
+def _sized(rule: FactorRule, factors) -> set[int]:
+    """The factors of more than one element (a broadcast adding only size-1 dims is a reshape)."""
+    return {f for f in factors if rule.factors[f].size > 1}
+
+
+def _takes_part(op: Op, level: int) -> bool:
+    rule = op.rule
+    return bool(rule.factors) and any(_direction(op, level, f) for f in range(len(rule.factors)))
+
+
+FORWARD_ONLY = ("dynamic_slice", "dynamic_update_slice")
+
+
+def _direction(op: Op, level: int, f: int) -> str:
+    """How round ``level`` propagates factor ``f`` through ``op``: "both" ways, "forward" (from
+    the operands), "backward" (from the results) or "" (not at all); each round also does what
+    the rounds before it did."""
+    rule = op.rule
+    kind = rule.factors[f].kind
+    if kind == "blocked":
+        return ""
+    if _pass_through(rule, rule.operands + rule.results):
+        return "both"
+    first = "forward" if op.primitive in FORWARD_ONLY else ""
+    if level == 0 or (level == 1 and kind != "parallel"):
+        return first
+    return "both"
+
+
+def _common(old: Axes, new: Axes, can_expand: bool) -> tuple[Axes, bool]:
+    """The axes two values agree on along a factor: their common prefix, extended by the longer
+    one's rest where they do not conflict (and ``can_expand``)."""
+    n = 0
+    while n < len(old) and n < len(new):
+        if old[n] != new[n]:
+            return old[:n], False
+        n += 1
+    return (old + new[n:] if can_expand else old), can_expand
+
+
+def _step(op: Op, level: int, specs: dict, fixed: frozenset, sizes: Mapping[str, int], values: Sequence) -> list[int]:
+    """Propagate through one op (module docstring); returns the values whose spec grew."""
+    rule = op.rule
+    linked = op.linked
+    dims_of = rule.operands + rule.results
+    n_operands = len(rule.operands)
+    cur: list[dict[int, Axes]] = []
+    holds: list[set[int]] = []
+    for vid, dims in zip(linked, dims_of, strict=True):
+        spec = specs.get(vid)
+        fax: dict[int, Axes] = {}
+        if spec is not None:
+            for d, fs in enumerate(dims):
+                if spec[d] and fs:
+                    fax.update(split_dim(spec[d], fs, rule, sizes))
+        cur.append(fax)
+        holds.append({f for dim in dims for f in dim})
+    elementwise = _pass_through(rule, dims_of)
+    every = _sized(rule, range(len(rule.factors)))
+    # an elementwise op's operand broadcast along size-1 dims is an implicit broadcast_in_dim: it
+    # proposes nothing before the last round, and takes axes (backward) from the second on
+    broadcast = {t for t in range(n_operands) if elementwise and _sized(rule, holds[t]) != every} if level < 2 else set()
+    wanted: dict[int, Axes] = {}
+    operands, results = list(range(n_operands)), list(range(n_operands, len(linked)))
+    for f in range(len(rule.factors)):
+        direction = _direction(op, level, f)
+        if not direction:
+            continue
+        first, then = (results, operands) if direction == "backward" else (operands, results)
+        axes: Axes = ()
+        can_expand = True
+        for t in first:
+            if f in holds[t] and t not in broadcast:
+                axes, can_expand = _common(axes, cur[t].get(f, ()), can_expand)
+        can_expand = can_expand and direction == "both"
+        for t in then:
+            if f in holds[t] and t not in broadcast:
+                axes, can_expand = _common(axes, cur[t].get(f, ()), can_expand)
+        if axes:
+            wanted[f] = axes
+    if not wanted:
+        return []
+    # factors in order of preference: the larger source value, then the earlier one, then the factor
+    source: dict[int, tuple[int, int]] = {}
+    for t, dims in enumerate(dims_of):
+        size = math.prod(values[linked[t]].shape)  # XLA's rules give every dim a factor (a conv's window too)
+        for f in holds[t] & wanted.keys():
+            got = cur[t].get(f, ())
+            if got[: len(wanted[f])] == wanted[f] and len(got) >= len(wanted[f]) and size > source.get(f, (-1, 0))[0]:
+                source[f] = (size, t)
+    order = sorted(wanted, key=lambda f: (-source.get(f, (-1, 0))[0], source.get(f, (-1, 0))[1], f))
+    changed = []
+    for t in list(range(n_operands, len(linked))) + list(range(n_operands)):
+        vid = linked[t]
+        if vid in fixed or not dims_of[t] or (t in broadcast and level == 0):
+            continue
+        fax = dict(cur[t])
+        old_spec = specs.get(vid) or tuple(() for _ in dims_of[t])
+        held_axes = {a for axes in old_spec for a in axes}  # dims without a factor here hold axes too
+        grown = False
+        for f in order:
+            if f not in holds[t]:
+                continue
+            new = _within_factor(wanted[f], fax.get(f, ()), rule.factors[f].size, sizes)
+            have = fax.get(f, ())
+            if len(new) <= len(have) or new[: len(have)] != have:
+                continue
+            taken = (held_axes - set(have)) | {a for g, ax in fax.items() if g != f for a in ax}
+            keep = have
+            for a in new[len(have):]:
+                if a in taken:
+                    break
+                keep += (a,)
+            if t < n_operands and elementwise:  # no sideways growth past what a result holds
+                for r in range(n_operands, len(linked)):
+                    held = cur[r].get(f, ())
+                    if len(held) < len(keep) and keep[: len(held)] == held:
+                        keep = held
+            if len(keep) > len(have):
+                fax[f] = keep
+                grown = True
+        if grown:
+            spec = tuple(_extend(old, compose_dim(fs, fax, rule, sizes)) if fs else old
+                         for fs, old in zip(dims_of[t], old_spec))
+            used = [a for axes in spec for a in axes]
+            if spec != specs.get(vid) and used and len(used) == len(set(used)):
+                specs[vid] = spec
+                cur[t] = fax
+                changed.append(vid)
+    return changed
+
+
+def _extend(old: Axes, new: Axes) -> Axes:
+    """``new`` where it extends ``old``, else ``old`` (a spec only grows)."""
+    return new if new[: len(old)] == old else old
+
+
+def _within_factor(axes: Axes, have: Axes, size: int, sizes: Mapping[str, int]) -> Axes:
+    """The prefix of ``axes`` a factor of ``size`` can take: block tiles only (each axis divides
+    what the ones before leave)."""
+    kept: Axes = ()
+    for a in axes:
+        if size % (math.prod(sizes[b] for b in kept) * sizes[a]):
+            break
+        kept += (a,)
+    return kept
