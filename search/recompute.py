@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from automap.ir.recompute import recompute_state, repeated_blocks
+from automap.ir.recompute import block_mode, pending_blocks, recompute_state, repeated_blocks, selective
 from automap.report import human_bytes
 from automap.shardings import ShardingState
 from search.compose import compositions
@@ -39,24 +39,33 @@ class Recomputed:
 
 
 def recompute_order(space: SearchSpace, state: ShardingState) -> list[str]:
-    """The repeated blocks whose recomputation alone lowers ``state``'s peak, the most memory
-    saved per second of recompute first."""
+    """The ways to recompute a repeated block (selectively, :func:`~automap.ir.recompute.selective`,
+    then wholly) whose use alone lowers ``state``'s peak: the selective ones first, each kind the
+    most memory saved per second of recompute first (a ladder: a block recomputed selectively
+    early on may be recomputed wholly further down)."""
     before = space.score(state)
     gains = []
     for i, block in enumerate(repeated_blocks(state.program)):
-        score = space.rescore(recompute_state(state, [block]))
-        saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
-        if saved > 0:
-            gains.append((-saved / slower, i, block))
-    return [block for _, _, block in sorted(gains)]
+        whole = None
+        for rung, name in ((1, block), (0, selective(block))):
+            score = space.rescore(recompute_state(state, [name]))
+            saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
+            if rung == 1:
+                whole = score
+            elif score.peak_bytes >= whole.peak_bytes or score.time_s >= whole.time_s:
+                continue  # selective recomputation is worth it only if it saves less for less time
+            if saved > 0:
+                gains.append((rung, -saved / slower, i, name))
+    return [name for *_, name in sorted(gains)]
 
 
 def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[str]) -> Recomputed | None:
-    """``state`` with the fewest blocks of ``order`` recomputed, taken in that order, that fits
-    ``space``'s budget; None if even all of them do not."""
+    """``state`` with the shortest prefix of ``order`` recomputed (each block in the last way the
+    prefix names it) that fits ``space``'s budget; None if even all of them do not."""
     blocks = repeated_blocks(state.program)
     for k in range(1, len(order) + 1):
-        chosen = [b for b in blocks if b in order[:k]]  # recomputed in program order
+        way = {block_mode(name)[0]: name for name in order[:k]}
+        chosen = [way[b] for b in blocks if b in way]  # recomputed in program order
         got = recompute_state(state, chosen)
         score = space.rescore(got)
         if score.feasible:
@@ -112,7 +121,7 @@ def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[S
         got = measure_state(start).memory_per_device
         seen = [f"{human_bytes(got)}"]
         while got is not None and got > budget:
-            left = [b for b in repeated_blocks(start.program) if b not in start.program.recomputed]
+            left = pending_blocks(start.program)
             if not left:
                 break
             start = min((recompute_state(start, [b]) for b in left),
