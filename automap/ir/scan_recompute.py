@@ -16,7 +16,8 @@ recomputation sits in a different loop from the forward, so XLA cannot merge it 
 weight matmuls, as ``jax.checkpoint_policies.dots_with_no_batch_dims_saveable`` and Megatron-LM's
 selective recomputation keep them): the clones read them instead of recomputing them.
 
-A block is the pair's forward body, named by its ops' common module path (``GPT/blocks``).
+A block is the pair's forward body, named by its ops' common module path (``GPT/blocks``), or
+by the scan's source line (``scan at gpt_nnx.py:145:19 (GPT.__call__)``).
 Bodies holding control flow or a user's ``remat`` are left alone.
 
 >>> import jax, jax.numpy as jnp
@@ -96,7 +97,8 @@ def scan_blocks(program: Program) -> dict[str, ScanPair]:
         j, ys = max(by.items(), key=lambda t: len(t[1]))
         names = [o.name.split("/") for o in op.regions[0].ops if o.name]
         common = [p[0] for p in zip(*names) if len(set(p)) == 1] if names else []
-        name = "/".join(common) or op.name or f"scan {op.id}"
+        where = op.source.rsplit("/", 1)[-1]  # no module path (a bare jax.lax.scan): the scan's source line
+        name = "/".join(common) or op.name or (f"scan at {where}" if where else f"scan {op.id}")
         while name in out:
             name += "'"
         out[name] = ScanPair(i, j, tuple(ys))
