@@ -3,8 +3,9 @@
 Recomputation (:mod:`automap.ir.recompute`) trades a block's forward FLOPs for its residuals'
 memory. It is tried only when the search found nothing within the budget: on each of the fastest
 plans the search scored (and its answer), blocks are added greedily, the most memory saved per
-second of recomputation first, until the plan fits; the fitting plan the objective orders first
-wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
+second of recomputation first, until the plan fits, in each of three orders (every block wholly;
+selectively, the weight matmuls' results kept; the selective ways, then the whole ones); the
+fitting plan the objective orders first wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
 where compiling is affordable, XLA's measure of the chosen plan decides whether more blocks must
 be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries).
 """
@@ -38,13 +39,16 @@ class Recomputed:
         )
 
 
-def recompute_order(space: SearchSpace, state: ShardingState) -> list[str]:
-    """The ways to recompute a repeated block (selectively, :func:`~automap.ir.recompute.selective`,
-    then wholly) whose use alone lowers ``state``'s peak: the selective ones first, each kind the
-    most memory saved per second of recompute first (a ladder: a block recomputed selectively
-    early on may be recomputed wholly further down)."""
+def recompute_orders(space: SearchSpace, state: ShardingState) -> list[list[str]]:
+    """Orders in which to recompute repeated blocks, each made of the ways (wholly, or
+    selectively: :func:`~automap.ir.recompute.selective`) whose use alone lowers ``state``'s
+    peak, the most memory saved per second of recompute first: every block wholly; every block
+    selectively (where that saves less for less time than wholly); and the ladder of the
+    selective ways, then the whole ones (a block recomputed selectively early on is recomputed
+    wholly further down). Which order gives the best fitting plan depends on the budget: the
+    objective decides (:func:`fits_by_recompute`)."""
     before = space.score(state)
-    gains = []
+    gains: dict[int, list] = {0: [], 1: []}  # 0: selective, 1: whole
     for i, block in enumerate(repeated_blocks(state.program)):
         whole = None
         for rung, name in ((1, block), (0, selective(block))):
@@ -55,8 +59,10 @@ def recompute_order(space: SearchSpace, state: ShardingState) -> list[str]:
             elif score.peak_bytes >= whole.peak_bytes or score.time_s >= whole.time_s:
                 continue  # selective recomputation is worth it only if it saves less for less time
             if saved > 0:
-                gains.append((rung, -saved / slower, i, name))
-    return [name for *_, name in sorted(gains)]
+                gains[rung].append((-saved / slower, i, name))
+    whole, some = ([name for *_, name in sorted(gains[r])] for r in (1, 0))
+    orders = [whole, some, some + whole]
+    return [o for k, o in enumerate(orders) if o and o not in orders[:k]]
 
 
 def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[str]) -> Recomputed | None:
@@ -80,16 +86,15 @@ def fits_by_recompute(space: SearchSpace, answer: ShardingState,
                       objective: Objective = Objective()) -> list[Recomputed]:
     """The fastest plans ``space`` scored, the :data:`LEANEST` compositions holding the least
     memory (:func:`search.compose.compositions`) and ``answer``, each made to fit by
-    :func:`greedy_recompute` in the order the answer's blocks save memory
-    (:func:`recompute_order`; the blocks are alike, whatever the layout), best first by
-    ``objective``; empty if none can be."""
-    order = recompute_order(space, answer)
-    if not order:
+    :func:`greedy_recompute` in each order of the answer's blocks (:func:`recompute_orders`; the
+    blocks are alike, whatever the layout), best first by ``objective``; empty if none can be."""
+    orders = recompute_orders(space, answer)
+    if not orders:
         return []
     leanest = sorted(compositions(space), key=lambda p: p.score.peak_bytes)[:LEANEST] if space.macros else []
     candidates: Sequence[ShardingState] = [answer] + space.fastest_states() + [p.state for p in leanest]
     found, seen = [], set()
-    for got in (greedy_recompute(space, s, order) for s in candidates):
+    for got in (greedy_recompute(space, s, order) for s in candidates for order in orders):
         if got is not None and got.state.key() not in seen:
             seen.add(got.state.key())
             found.append(got)
