@@ -40,6 +40,10 @@ strategy has a use for it):
 - ``megatron_dp_sp``: ``megatron_dp`` with Megatron-LM sequence parallelism on ``model``
   (``tactics.sequence_parallel``: the layer-norm/residual regions split on the sequence, each
   all-reduce a reduce-scatter + all-gather), as in "Reducing Activation Recomputation"
+- ``megatron_dp_sp_selective``: ``megatron_dp_sp`` with selective recomputation in place of the
+  model's remat of every layer (the same model without ``remat``; ``tactics.recompute("selective")``:
+  the weight matmuls' results kept, attention's core, norms and activations redone in the
+  backward), the paper's other half
 - ``automap_mcts``: no tactics, ``search.MCTS(episodes=N, seed=0)``, ``arbiter=None`` (the answer by estimate, nothing compiled), with the device memory as budget
 - ``automap_ilp``: ``search.ILP(max_evaluations=300, time_limit_s=5)`` when the package has it (else
   "n/a (no ILP solver yet)"); a space that needs more cost evaluations than that is reported n/a
@@ -83,7 +87,9 @@ TINY = {"tiny": dict(layers=2, d_model=64, heads=8, vocab=512, seq=32, batch=16)
 QUICK_CONFIGS = ("tiny", "gpt2-s")
 MESHES = {"8x1": (8, 1), "4x2": (4, 2), "2x4": (2, 4), "1x8": (1, 8)}
 QUICK_MESHES = ("8x1", "2x4")
-EXPERTS = ("data_parallel", "megatron", "megatron_dp", "fsdp", "fsdp_megatron", "megatron_dp_sp")
+EXPERTS = ("data_parallel", "megatron", "megatron_dp", "fsdp", "fsdp_megatron", "megatron_dp_sp",
+           "megatron_dp_sp_selective")
+NO_REMAT = ("megatron_dp_sp_selective",)  # strategies planned on the model without its own remat
 STRATEGIES = EXPERTS + ("automap_mcts", "automap_ilp")
 MOE_CONFIGS = {  # corpus moe_einsum (MoEConfig fields); GPT-2 small's width with 8 experts of 4x hidden
     "moe-tiny": dict(),
@@ -95,6 +101,8 @@ MOE_EXPERTS = ("megatron_dp", "expert_dp", "expert_megatron_dp")
 MOE_STRATEGIES = MOE_EXPERTS + ("automap_mcts",)
 ADDS = (  # (what is added, the config kind, the strategy without it, the strategy with it)
     ("sequence parallelism", "gpt", "megatron_dp", "megatron_dp_sp"),
+    ("selective recompute instead of the model's (every layer; tiny: none)", "gpt", "megatron_dp_sp",
+     "megatron_dp_sp_selective"),
     ("expert parallelism (instead of Megatron's split experts)", "moe", "megatron_dp", "expert_dp"),
     ("Megatron on the expert axis (embedding, head)", "moe", "expert_dp", "expert_megatron_dp"),
 )
@@ -132,8 +140,9 @@ def strategy_tactics(name: str, axes: dict[str, int]) -> list:
         return batch + [tactics.fsdp(a) for a in big]
     if name == "fsdp_megatron":
         return dp + tp + ([tactics.fsdp("data")] if axes["data"] > 1 else [])
-    if name == "megatron_dp_sp":
-        return dp + tp + ([tactics.sequence_parallel("model")] if axes["model"] > 1 else [])
+    if name in ("megatron_dp_sp", "megatron_dp_sp_selective"):
+        sp = [tactics.sequence_parallel("model")] if axes["model"] > 1 else []
+        return dp + tp + sp + ([tactics.recompute("selective")] if name == "megatron_dp_sp_selective" else [])
     ep = [tactics.expert_parallel("model")] if axes["model"] > 1 else []
     if name == "expert_dp":
         return dp + ep
@@ -198,17 +207,20 @@ def run(quick: bool = False, episodes: int = 48, topologies: tuple[str, ...] | N
     for cfg in configs:
         moe = cfg in MOE_CONFIGS
         w = moe_einsum(MoEConfig(**MOE_CONFIGS[cfg])) if moe else zoo.gpt_linen(zoo.GPTConfig(scan=True, **shapes[cfg]))
+        plain = {} if moe else {s: zoo.gpt_linen(zoo.GPTConfig(scan=True, **dict(shapes[cfg], remat=False)))
+                                for s in NO_REMAT}
         compiled = cfg in TINY or cfg in QUICK_MOE if compile is None else compile  # only tiny models fit the CPU
         for mesh_name in ((MOE_MESH,) if moe else meshes):
             rows.extend(_mesh_rows(w, cfg, mesh_name, topos, MOE_EXPERTS if moe else EXPERTS, episodes, compiled,
-                                   None if moe else ilp, log))
+                                   None if moe else ilp, log, plain))
     return rows
 
 
 def _mesh_rows(w, cfg: str, mesh_name: str, topos: list, experts: tuple[str, ...], episodes: int, compiled: bool,
-               ilp: tuple[int, float] | None, log) -> list[dict]:
-    """The rows of one workload on one mesh: each expert strategy, the MCTS search and (with
-    ``ilp``: (max evaluations, time limit)) the ILP, under every topology."""
+               ilp: tuple[int, float] | None, log, variants: dict | None = None) -> list[dict]:
+    """The rows of one workload on one mesh: each expert strategy (on ``variants[strategy]``, the
+    workload a strategy needs instead, if any), the MCTS search and (with ``ilp``: (max
+    evaluations, time limit)) the ILP, under every topology."""
     import automap
     import search
     from search.planning import MemoryBudgetError
@@ -222,14 +234,18 @@ def _mesh_rows(w, cfg: str, mesh_name: str, topos: list, experts: tuple[str, ...
     # expert plans: planned once, estimated under every topology
     for strategy in experts:
         t0 = time.perf_counter()
-        step = automap.automap(w.train_step, mesh=mesh, tactics=strategy_tactics(strategy, axes),
+        wk = (variants or {}).get(strategy, w)
+        args = (state, batch) if wk is w else wk.abstract()
+        step = automap.automap(wk.train_step, mesh=mesh, tactics=strategy_tactics(strategy, axes),
                                topology=topos[0], search=None)  # the tactics alone, no search
-        plan = step.plan(state, batch)
+        plan = step.plan(*args)
         plan_s = time.perf_counter() - t0
-        measured = automap.measure(step.lower(state, batch).compile()) if compiled else None
+        measured = automap.measure(step.lower(*args).compile()) if compiled else None
+        redone = plan.state.program.recomputed
+        note = f"recomputes {', '.join(redone)}" if redone else ""
         for topo in topos:
             p = plan if topo is topos[0] else dataclasses.replace(plan, topology=topo)
-            group.append(_row(cfg, params_m, mesh_name, topo, strategy, p, axes, plan_s, measured))
+            group.append(_row(cfg, params_m, mesh_name, topo, strategy, p, axes, plan_s, measured, note=note))
     for topo in topos:
         t0 = time.perf_counter()
         plan, tries = None, []

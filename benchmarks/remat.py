@@ -1,11 +1,11 @@
 """Issue 21's recomputation case measured: a zoo GPT with no remat in its code (unrolled layers,
-Adam step, mesh data=2 x model=4 on 8 simulated CPU devices). The four expert plans (data
+or scanned with ``--scan``; Adam step, mesh data=2 x model=4 on 8 simulated CPU devices). The four expert plans (data
 parallel, data parallel + Megatron, FSDP over both axes, FSDP + tensor parallel) are compiled and
 measured; the memory budget is ``--ratio`` (0.8) times the smallest XLA-measured memory per
 device among them; the default plan under that budget is compiled and measured, its loss held
 against the unsharded step, and its estimate set beside the same plan without recomputation.
 
-    python benchmarks/remat.py [--layers 4] [--ratio 0.8]
+    python benchmarks/remat.py [--layers 4] [--ratio 0.8] [--scan]
 """
 import argparse
 import dataclasses
@@ -33,9 +33,9 @@ EXPERT_PLANS = {
 }
 
 
-def workload(layers: int) -> zoo.Workload:
+def workload(layers: int, scan: bool = False) -> zoo.Workload:
     """Activations outweigh the parameters, as in training at scale."""
-    return zoo.gpt_linen(zoo.GPTConfig(layers=layers, batch=16, seq=32, vocab=64))
+    return zoo.gpt_linen(zoo.GPTConfig(layers=layers, batch=16, seq=32, vocab=64, scan=scan))
 
 
 def measured(step, state, batch):
@@ -61,8 +61,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--ratio", type=float, default=0.8)
+    parser.add_argument("--scan", action="store_true", help="the layers in a scan (flax nn.scan)")
     args = parser.parse_args()
-    w = workload(args.layers)
+    w = workload(args.layers, args.scan)
     state, batch = w.init(0)
     mesh = automap.make_mesh({"data": 2, "model": 4})
     t0 = time.perf_counter()

@@ -3,8 +3,9 @@
 Recomputation (:mod:`automap.ir.recompute`) trades a block's forward FLOPs for its residuals'
 memory. It is tried only when the search found nothing within the budget: on each of the fastest
 plans the search scored (and its answer), blocks are added greedily, the most memory saved per
-second of recomputation first, until the plan fits; the fitting plan the objective orders first
-wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
+second of recomputation first, until the plan fits, in each of three orders (every block wholly;
+selectively, the weight matmuls' results kept; the selective ways, then the whole ones); the
+fitting plan the objective orders first wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
 where compiling is affordable, XLA's measure of the chosen plan decides whether more blocks must
 be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from automap.ir.recompute import recompute_state, repeated_blocks
+from automap.ir.recompute import block_mode, pending_blocks, recompute_state, repeated_blocks, selective
 from automap.report import human_bytes
 from automap.shardings import ShardingState
 from search.compose import compositions
@@ -38,25 +39,39 @@ class Recomputed:
         )
 
 
-def recompute_order(space: SearchSpace, state: ShardingState) -> list[str]:
-    """The repeated blocks whose recomputation alone lowers ``state``'s peak, the most memory
-    saved per second of recompute first."""
+def recompute_orders(space: SearchSpace, state: ShardingState) -> list[list[str]]:
+    """Orders in which to recompute repeated blocks, each made of the ways (wholly, or
+    selectively: :func:`~automap.ir.recompute.selective`) whose use alone lowers ``state``'s
+    peak, the most memory saved per second of recompute first: every block wholly; every block
+    selectively (where that saves less for less time than wholly); and the ladder of the
+    selective ways, then the whole ones (a block recomputed selectively early on is recomputed
+    wholly further down). Which order gives the best fitting plan depends on the budget: the
+    objective decides (:func:`fits_by_recompute`)."""
     before = space.score(state)
-    gains = []
+    gains: dict[int, list] = {0: [], 1: []}  # 0: selective, 1: whole
     for i, block in enumerate(repeated_blocks(state.program)):
-        score = space.rescore(recompute_state(state, [block]))
-        saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
-        if saved > 0:
-            gains.append((-saved / slower, i, block))
-    return [block for _, _, block in sorted(gains)]
+        whole = None
+        for rung, name in ((1, block), (0, selective(block))):
+            score = space.rescore(recompute_state(state, [name]))
+            saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
+            if rung == 1:
+                whole = score
+            elif score.peak_bytes >= whole.peak_bytes or score.time_s >= whole.time_s:
+                continue  # selective recomputation is worth it only if it saves less for less time
+            if saved > 0:
+                gains[rung].append((-saved / slower, i, name))
+    whole, some = ([name for *_, name in sorted(gains[r])] for r in (1, 0))
+    orders = [whole, some, some + whole]
+    return [o for k, o in enumerate(orders) if o and o not in orders[:k]]
 
 
 def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[str]) -> Recomputed | None:
-    """``state`` with the fewest blocks of ``order`` recomputed, taken in that order, that fits
-    ``space``'s budget; None if even all of them do not."""
+    """``state`` with the shortest prefix of ``order`` recomputed (each block in the last way the
+    prefix names it) that fits ``space``'s budget; None if even all of them do not."""
     blocks = repeated_blocks(state.program)
     for k in range(1, len(order) + 1):
-        chosen = [b for b in blocks if b in order[:k]]  # recomputed in program order
+        way = {block_mode(name)[0]: name for name in order[:k]}
+        chosen = [way[b] for b in blocks if b in way]  # recomputed in program order
         got = recompute_state(state, chosen)
         score = space.rescore(got)
         if score.feasible:
@@ -71,16 +86,15 @@ def fits_by_recompute(space: SearchSpace, answer: ShardingState,
                       objective: Objective = Objective()) -> list[Recomputed]:
     """The fastest plans ``space`` scored, the :data:`LEANEST` compositions holding the least
     memory (:func:`search.compose.compositions`) and ``answer``, each made to fit by
-    :func:`greedy_recompute` in the order the answer's blocks save memory
-    (:func:`recompute_order`; the blocks are alike, whatever the layout), best first by
-    ``objective``; empty if none can be."""
-    order = recompute_order(space, answer)
-    if not order:
+    :func:`greedy_recompute` in each order of the answer's blocks (:func:`recompute_orders`; the
+    blocks are alike, whatever the layout), best first by ``objective``; empty if none can be."""
+    orders = recompute_orders(space, answer)
+    if not orders:
         return []
     leanest = sorted(compositions(space), key=lambda p: p.score.peak_bytes)[:LEANEST] if space.macros else []
     candidates: Sequence[ShardingState] = [answer] + space.fastest_states() + [p.state for p in leanest]
     found, seen = [], set()
-    for got in (greedy_recompute(space, s, order) for s in candidates):
+    for got in (greedy_recompute(space, s, order) for s in candidates for order in orders):
         if got is not None and got.state.key() not in seen:
             seen.add(got.state.key())
             found.append(got)
@@ -112,7 +126,7 @@ def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[S
         got = measure_state(start).memory_per_device
         seen = [f"{human_bytes(got)}"]
         while got is not None and got > budget:
-            left = [b for b in repeated_blocks(start.program) if b not in start.program.recomputed]
+            left = pending_blocks(start.program)
             if not left:
                 break
             start = min((recompute_state(start, [b]) for b in left),

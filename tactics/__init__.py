@@ -13,12 +13,14 @@ from tactics.fsdp import StateRoles, Zero, fsdp, state_roles, zero
 from tactics.logical import logical
 from tactics.manual import manual
 from tactics.megatron import megatron
+from tactics.recompute import recompute
 from tactics.sequence_parallel import sequence_parallel
 from tactics.presets import fsdp_only, fsdp_tp, megatron_dp, zero_dp
 
 __all__ = [
     "PlanContext", "Schedule", "StateRoles", "Tactic", "TacticResult", "Zero", "batch_over_all_axes", "context_parallel",
     "data_parallel",
-    "expert_parallel", "fsdp", "fsdp_only", "fsdp_tp", "logical", "manual", "megatron", "megatron_dp", "run_schedule",
+    "expert_parallel", "fsdp", "fsdp_only", "fsdp_tp", "logical", "manual", "megatron", "megatron_dp", "recompute",
+    "run_schedule",
     "schedule", "sequence_parallel", "state_roles", "zero", "zero_dp",
 ]

@@ -1,7 +1,7 @@
 """Lowering: a ClosedJaxpr to a :class:`~automap.ir.program.Program`.
 
 Calls (jit, custom_jvp/vjp, remat, name) are inlined; ``scan``, ``cond`` and ``while`` keep their
-bodies as regions, linked to the outer op by a factor rule (see :func:`_link_rule`).
+bodies as regions, linked to the outer op by a factor rule (see :func:`link_rule`).
 """
 from __future__ import annotations
 
@@ -120,7 +120,8 @@ class _Lowering:
         regions: tuple[Region, ...] = ()
         if prim in ("scan", "cond", "while"):
             regions = self.lower_regions(eqn, in_ids, scope.child(phase=phase, module=module))
-            rule, linked_in, linked_out, ok = _link_rule(self, eqn, in_ids, out_ids, regions)
+            rule, linked_in, linked_out = link_rule(self.values, prim, eqn.params, in_ids, out_ids, regions)
+            ok = True
         else:
             ctx = RuleContext(
                 prim,
@@ -182,8 +183,8 @@ class _Scope:
 class _LinkBuilder:
     """Builds the identity-like rule tying a control-flow op's outer values to its regions."""
 
-    def __init__(self, lowering: _Lowering):
-        self.values = lowering.values
+    def __init__(self, values: Sequence[Value]):
+        self.values = values
         self.factors: list[Factor] = []
         self.groups: list[int] = []  # per factor: the tie that made it (axes are unique per tie)
         self.dims: dict[int, tuple[DimFactors, ...]] = {}  # value id -> dims
@@ -226,10 +227,11 @@ class _LinkBuilder:
         )
 
 
-def _link_rule(lowering: _Lowering, eqn: Any, ins: list[int], outs: list[int], regions: tuple[Region, ...]):
-    b = _LinkBuilder(lowering)
-    prim = eqn.primitive.name
-    p = eqn.params
+def link_rule(values: Sequence[Value], prim: str, p: Any, ins: Sequence[int], outs: Sequence[int],
+              regions: tuple[Region, ...]) -> tuple[FactorRule, tuple[int, ...], tuple[int, ...]]:
+    """The rule tying a ``scan``/``cond``/``while`` op's operands and results (``ins``, ``outs``)
+    to its regions' inputs and outputs (``p``: the op's params), and the values it links."""
+    b = _LinkBuilder(values)
     if prim == "scan":
         (body,) = regions
         nc, nk = p["num_consts"], p["num_carry"]
@@ -262,10 +264,10 @@ def _link_rule(lowering: _Lowering, eqn: Any, ins: list[int], outs: list[int], r
         linked_in = tuple(ins) + body.outputs + cond.outputs
         linked_out = cond.inputs + body.inputs + tuple(outs)
     # a value may appear twice (a passthrough carry); one dims entry serves all its uses
-    return b.rule(linked_in, linked_out), linked_in, linked_out, True
+    return b.rule(linked_in, linked_out), linked_in, linked_out
 
 
-def _dead_code_eliminated(ops: list[Op], live: set[int]) -> list[Op]:
+def dead_code_eliminated(ops: list[Op], live: set[int]) -> list[Op]:
     """Drop ops none of whose results is used (XLA would); regions are cleaned inside too.
     ``live`` holds the values used after ``ops`` and grows with what the kept ops use."""
     kept: list[Op] = []
@@ -276,7 +278,7 @@ def _dead_code_eliminated(ops: list[Op], live: set[int]) -> list[Op]:
             regions = []
             for r in op.regions:
                 inner_live = set(r.outputs)
-                body = _dead_code_eliminated(list(r.ops), inner_live)
+                body = dead_code_eliminated(list(r.ops), inner_live)
                 regions.append(dataclasses.replace(r, ops=tuple(body)))
             op = dataclasses.replace(op, regions=tuple(regions))
         live.update(op.inputs)
@@ -305,7 +307,7 @@ def lower(
     ]
     ops, outs = lw.lower_jaxpr(jaxpr, closed_jaxpr.consts, in_ids, _Scope(None, "", 0, ()))
     live = set(outs) | {v for call in lw.remat_calls.values() for v in call.outputs}
-    ops = _dead_code_eliminated(ops, live)
+    ops = dead_code_eliminated(ops, live)
     return Program(
         tuple(lw.values), tuple(ops), tuple(in_ids), tuple(outs), tuple(input_paths), tuple(output_paths),
         lw.remat_calls,

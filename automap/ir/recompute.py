@@ -38,10 +38,9 @@ from typing import Iterable, Sequence
 
 import jax
 
-from automap import _compat
+from automap.ir.build import ProgramBuilder
 from automap.ir.program import Op, Program, Value
-from automap.rules import registry
-from automap.rules.registry import RuleContext, Shaped
+from automap.ir.scan_recompute import Saved, dots_without_batch_dims, recompute_scan, scan_blocks
 from automap.shardings import ShardingState
 
 _NUMBERED = re.compile(r"^(.*?)_?(\d+)$")
@@ -78,9 +77,10 @@ def repeated_blocks(program: Program, min_repeats: int = 2) -> tuple[str, ...]:
     out = [p for group in stems.values() if len(group) >= min_repeats for p in group]
     outer = {p for p in out if not any(p.startswith(q + "/") for q in out)}  # ln1/ln2 inside blocks_0: one block
     named = tuple(p for p in seen if p in outer and _block_ops(program, p))
+    scanned = tuple(scan_blocks(program))  # a scanned stack of layers: one block, its body
     if named:
-        return named
-    return tuple(b for b in structural_blocks(program, min_repeats) if _block_ops(program, b))
+        return scanned + named
+    return scanned + tuple(b for b in structural_blocks(program, min_repeats) if _block_ops(program, b))
 
 
 def structural_blocks(program: Program, min_repeats: int = 2) -> dict[str, tuple[int, ...]]:
@@ -166,11 +166,12 @@ class _Slice:
     at: int  # position in program.ops of the first backward reader
 
 
-def _slice(program: Program, block: str) -> _Slice | None:
+def _slice(program: Program, block: str, save: Saved | None = None) -> _Slice | None:
     ops = _block_ops(program, block)
     made = {v for op in ops for v in op.outputs}
     block_ids = {op.id for op in ops}
     kept = set(program.outputs) & made
+    kept.update(v for op in ops if save is not None and save(program, op) for v in op.outputs)
     residuals: dict[int, None] = {}
     for op in program.ops:
         if op.id in block_ids:
@@ -226,81 +227,55 @@ def _trigger(program: Program, at: int, like: Value) -> int | None:
     return None
 
 
-class _Builder:
-    """Appends values and ops to a program under construction."""
+SELECTIVE = " (selective)"  # a block name's suffix: the weight matmuls' results are kept, the rest recomputed
 
-    def __init__(self, program: Program, block: str):
-        self.values = list(program.values)
-        self.copies = dict(program.copies)
-        self.next_op = max(op.id for op in program.all_ops) + 1
-        self.block = block
-        self.ops: list[Op] = []
 
-    def value(self, like: int, name: str, literal: object = None) -> int:
-        v = dataclasses.replace(self.values[like], id=len(self.values), name=name, region=0, literal=literal,
-                                kind="literal" if literal is not None else "intermediate", phase="backward")
-        self.values.append(v)
-        if literal is None:
-            self.copies[v.id] = self.copies.get(like, like)
-        return v.id
+def selective(block: str) -> str:
+    """The name under which ``block`` is recomputed selectively: the results of its matmuls
+    without batch dims (:func:`~automap.ir.scan_recompute.dots_without_batch_dims`) stay live,
+    the rest (attention's batched dots and softmax, the norms and activations) is recomputed, as
+    Megatron-LM's selective recomputation and ``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``."""
+    return block + SELECTIVE
 
-    def trace(self, fn, ins: Sequence[int], likes: Sequence[int]) -> list[int]:
-        """Ops computing ``fn`` of the values ``ins``; each result (intermediate ones too) copies
-        the layout of the value of ``likes`` with its shape (the last of them that has it)."""
-        shaped = [jax.ShapeDtypeStruct(self.values[v].shape, self.values[v].dtype) for v in ins]
-        closed = jax.make_jaxpr(fn)(*shaped)
-        env = dict(zip(closed.jaxpr.invars, ins, strict=True))
-        name = f"{self.block}/recompute"
-        for eqn in closed.jaxpr.eqns:
-            args = []
-            for a in eqn.invars:
-                if not _compat.is_literal(a):
-                    args.append(env[a])
-                else:  # a literal
-                    args.append(len(self.values))
-                    self.values.append(Value(len(self.values), (), a.aval.dtype, "literal", "literal", "backward",
-                                             a.aval.dtype.itemsize, 0, a.val))
-            outs = []
-            for o in eqn.outvars:
-                like = next((v for v in reversed(likes) if self.values[v].shape == tuple(o.aval.shape)), None)
-                if like is None:  # a scalar: replicated
-                    self.values.append(Value(len(self.values), (), o.aval.dtype, name, "intermediate", "backward",
-                                             o.aval.dtype.itemsize))
-                    outs.append(len(self.values) - 1)
-                else:
-                    outs.append(self.value(like, name))
-                env[o] = outs[-1]
-            ctx = RuleContext(eqn.primitive.name, tuple(Shaped(self.values[v].shape, self.values[v].dtype) for v in args),
-                              tuple(Shaped(self.values[v].shape, self.values[v].dtype) for v in outs), "", name)
-            rule, ok = registry.rule_for(ctx, eqn.params, strict=False, primitive=eqn.primitive)
-            self.add(Op(0, eqn.primitive.name, tuple(args), tuple(outs), rule, self.block, "recompute", "backward",
-                        dict(eqn.params), eqn, (), tuple(args), tuple(outs), ok))
-        return [env[v] for v in closed.jaxpr.outvars]
 
-    def add(self, op: Op) -> None:
-        self.ops.append(dataclasses.replace(op, id=self.next_op))
-        self.next_op += 1
+def block_mode(name: str) -> tuple[str, Saved | None]:
+    """(the block, what its recomputation keeps) of a name :func:`recompute` takes."""
+    if name.endswith(SELECTIVE):
+        return name[: -len(SELECTIVE)], dots_without_batch_dims
+    return name, None
+
+
+def pending_blocks(program: Program) -> tuple[str, ...]:
+    """The repeated blocks ``program`` does not recompute yet, in either mode."""
+    done = {block_mode(d)[0] for d in program.recomputed}
+    return tuple(b for b in repeated_blocks(program) if b not in done)
 
 
 def recompute(program: Program, blocks: Iterable[str]) -> Program:
-    """``program`` with each block's residuals recomputed in the backward (module docstring);
-    blocks with nothing to recompute are skipped. The result records them in ``recomputed``."""
+    """``program`` with each block's residuals recomputed in the backward (module docstring;
+    a name from :func:`selective`: only what the block's weight matmuls do not make); blocks with
+    nothing to recompute, or recomputed already, are skipped. The result records them in ``recomputed``."""
     done = list(program.recomputed)
-    for block in blocks:
-        if block in done:
+    for name in blocks:
+        block, save = block_mode(name)
+        if block in {block_mode(d)[0] for d in done}:  # once per block, in one mode
             continue
-        s = _slice(program, block)
+        if block in scan_blocks(program):
+            program = recompute_scan(program, block, save)
+            done.append(name)
+            continue
+        s = _slice(program, block, save)
         if s is None:
             continue
         program = _with_clones(program, s, block)
-        done.append(block)
+        done.append(name)
     if tuple(done) == program.recomputed:
         return program
     return dataclasses.replace(program, recomputed=tuple(done), memo={})
 
 
 def _with_clones(program: Program, s: _Slice, block: str) -> Program:
-    b = _Builder(program, block)
+    b = ProgramBuilder(program, block)
     fed: dict[int, int] = {}  # clone input -> what the clones read instead
     for v in s.inputs:
         t = _trigger(program, s.at, program.values[v]) if program.values[v].kind != "input" else None
@@ -330,8 +305,8 @@ def copied_specs(program: Program, specs: dict) -> dict:
     barrier result has the spec of the value it copies."""
     out = dict(specs)
     for v, o in program.copies.items():
-        if o in specs:
-            out[v] = specs[o]
+        if o in specs:  # a stacked copy (a scan's checkpoints) has a leading layers dim, never sharded
+            out[v] = ((),) * (program.values[v].ndim - program.values[o].ndim) + specs[o]
     return out
 
 
@@ -343,7 +318,8 @@ def recompute_state(state: ShardingState, blocks: Iterable[str]) -> ShardingStat
     specs = copied_specs(program, dict(state.specs))
     priority = dict(state.priority)
     for v, o in program.copies.items():
-        for d in range(program.values[v].ndim):
+        lead = program.values[v].ndim - program.values[o].ndim
+        for d in range(program.values[o].ndim):
             if (o, d) in state.priority:
-                priority[(v, d)] = state.priority[(o, d)]
+                priority[(v, d + lead)] = state.priority[(o, d)]
     return ShardingState(program, state.axes, specs, priority, state.frozen, state.next_priority, state.labels)

@@ -5,6 +5,7 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
+import dataclasses
 import functools
 
 import jax
@@ -15,15 +16,15 @@ import automap
 import tactics
 from automap import _compat, emit, zoo
 from automap.cost import estimate
-from automap.ir.recompute import recompute_state, repeated_blocks
+from automap.ir.recompute import recompute_state, repeated_blocks, selective
 
 # activations outweigh the parameters, as in training at scale
 CFG = zoo.GPTConfig(layers=2, batch=16, seq=32, vocab=64)
 
 
 @functools.lru_cache(maxsize=None)
-def _gpt():
-    w = zoo.gpt_linen(CFG)
+def _gpt(scan: bool = False):
+    w = zoo.gpt_linen(dataclasses.replace(CFG, scan=scan))
     state, batch = w.init(0)
     return w, state, batch
 
@@ -39,16 +40,24 @@ EXPERT_PLANS = {  # as benchmarks/fidelity.py and benchmarks/remat.py name them
 
 
 @functools.lru_cache(maxsize=None)
-def _planned(name: str, **options):
+def _planned(name: str, scan: bool = False, **options):
     """(the partitioned step, its plan, XLA's measure of what it compiles) for an expert plan
-    (``name``) or the default plan (``"default"``, with ``options``)."""
-    w, state, batch = _gpt()
+    (``name``) or the default plan (``"default"``, with ``options``), on the unrolled or the
+    scanned GPT."""
+    w, state, batch = _gpt(scan)
     mesh = automap.make_mesh(MESH)
     if name != "default":
         options = dict(tactics=[EXPERT_PLANS[name]], search=None)
     options.setdefault("arbiter", None)  # one compile, unless a test asks for automap's default
     step = automap.partition(w.train_step, mesh=mesh, **options)
     return step, step.plan(state, batch), automap.measure(step.lower(state, batch).compile())
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(scan: bool = False):
+    """The unsharded train step's outputs, flat (the loss last)."""
+    w, state, batch = _gpt(scan)
+    return [np.asarray(x) for x in jax.tree.leaves(jax.jit(w.train_step)(state, batch))]
 
 
 def _dp_plan():
@@ -94,6 +103,42 @@ def test_recomputed_gpt_equals_the_unsharded_step_and_holds_less_memory():
     assert redone.dot_flops > kept.dot_flops and est_redone.time_s > est_kept.time_s
 
 
+def test_selective_recompute_keeps_the_weight_matmuls_and_redoes_the_rest():
+    """Megatron-LM's selective recomputation: the results of the dots without batch dims stay
+    live, attention's batched dots, the softmax, norms and activations are redone: less memory
+    than keeping everything, far fewer recomputed FLOPs than recomputing the blocks wholly."""
+    mesh, plan = _dp_plan()
+    blocks = repeated_blocks(plan.program)
+    some = recompute_state(plan.state, [selective(b) for b in blocks])
+    assert some.program.recomputed == ("GPT/blocks_0 (selective)", "GPT/blocks_1 (selective)")
+    assert recompute_state(some, blocks) is some  # a block is recomputed in one way
+    kept = _planned("data_parallel")[2]
+    redone, outs = _run(some, mesh)
+    w, params, batch = _gpt()
+    for got, ref in zip(outs, jax.tree.leaves(jax.jit(w.train_step)(params, batch)), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-4)
+    assert redone.memory.temp < 0.8 * kept.memory.temp  # 3,348,856 -> 2,425,208 B (2,097,528 wholly)
+    est_kept, est_some, est_all = estimate(plan.state), estimate(some), estimate(recompute_state(plan.state, blocks))
+    assert est_some.memory.temp < est_kept.memory.temp and est_all.memory.temp < est_some.memory.temp
+    assert kept.dot_flops < redone.dot_flops < kept.dot_flops + 0.2 * (est_all.dot_flops - est_kept.dot_flops)
+
+
+def test_selective_recompute_in_a_scan():
+    """The forward scan keeps the weight matmuls' results stacked (and each layer's carry); the
+    backward scan redoes the rest: the unsharded step's numbers, XLA's memory between keeping
+    everything and recomputing wholly."""
+    step, plan, kept = _planned("data_parallel", scan=True)
+    some = recompute_state(plan.state, [selective("GPT/blocks")])
+    assert some.program.recomputed == ("GPT/blocks (selective)",)
+    redone, outs = _compiled(some, step.mesh, jax.tree.leaves(_gpt(True)[1:]))
+    for got, want in zip(outs, _reference(True), strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
+    assert redone.memory.temp < 0.5 * kept.memory.temp  # 6,164,568 -> 2,417,392 B (2,090,648 B wholly)
+    est_kept, est_all = estimate(plan.state), estimate(recompute_state(plan.state, ["GPT/blocks"]))
+    assert redone.dot_flops == pytest.approx(estimate(some).dot_flops, rel=1e-6)  # +2.5%, +22% wholly
+    assert kept.dot_flops < redone.dot_flops < kept.dot_flops + 0.2 * (est_all.dot_flops - est_kept.dot_flops)
+
+
 def test_recompute_skips_what_is_not_a_block_and_is_idempotent():
     _, plan = _dp_plan()
     assert recompute_state(plan.state, ["GPT/nowhere"]) is plan.state
@@ -102,9 +147,9 @@ def test_recompute_skips_what_is_not_a_block_and_is_idempotent():
     assert once.program.recomputed == ("GPT/blocks_1",)
 
 
-def _budget() -> int:
+def _budget(scan: bool = False) -> int:
     """0.8x the smallest XLA-measured memory per device of the expert plans."""
-    return int(0.8 * min(_planned(name)[2].memory_per_device for name in EXPERT_PLANS))
+    return int(0.8 * min(_planned(name, scan)[2].memory_per_device for name in EXPERT_PLANS))
 
 
 def test_under_a_budget_below_every_expert_plan_the_default_plan_recomputes_and_fits():
@@ -118,6 +163,29 @@ def test_under_a_budget_below_every_expert_plan_the_default_plan_recomputes_and_
     assert got.memory_per_device <= budget, (got.memory, budget)
     w, state, batch = _gpt()
     np.testing.assert_allclose(step(state, batch)[1], jax.jit(w.train_step)(state, batch)[1], rtol=1e-5)
+
+
+def test_under_a_budget_below_every_expert_plan_a_scanned_model_recomputes_and_fits():
+    """Issue 21's done-when on a scanned model (``nn.scan`` over the layers, no remat in its
+    code): the backward scan recomputes each layer's forward from its input, the forward scan
+    keeps only that input per layer (one stacked carry, not the stacked residuals)."""
+    budget = _budget(scan=True)  # 0.8 x FSDP's 2,247,332 B, the smallest
+    w, state, batch = _gpt(True)
+    step = automap.partition(w.train_step, mesh=automap.make_mesh(MESH), memory_budget=budget)  # the defaults
+    plan = step.plan(state, batch)
+    assert plan.state.program.recomputed == ("GPT/blocks",)
+    assert "recomputed in the backward (activation checkpointing): GPT/blocks" in plan.report()
+    forward, _ = (op for op in plan.program.ops if op.primitive == "scan")  # the traced one: 32 stacked results
+    forward_now, backward = (op for op in plan.state.program.ops if op.primitive == "scan")
+    assert len(forward.outputs) == 33 and [plan.state.program.values[v].shape for v in forward_now.outputs] == [
+        (16, 32, 64), (2, 16, 32, 64)]
+    assert any(op.name == "GPT/blocks/recompute" for op in backward.regions[0].ops)
+    got, outs = _compiled(plan.state, step.mesh, jax.tree.leaves((state, batch)))
+    assert got.memory_per_device <= budget, (got.memory, budget)  # 1,095,188 <= 1,797,865 B
+    for mine, want in zip(outs, _reference(True), strict=True):
+        np.testing.assert_allclose(np.asarray(mine), want, rtol=1e-5, atol=1e-4)  # the loss last
+    # the recomputed forward matmuls are priced as XLA counts them
+    assert got.dot_flops == pytest.approx(plan.estimate.dot_flops, rel=1e-6)
 
 
 def test_a_recomputing_plan_saves_and_loads(tmp_path):

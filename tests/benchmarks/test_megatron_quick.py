@@ -37,6 +37,11 @@ def test_quick_benchmark(tmp_path):
     assert "time / best expert" in table and "automap_mcts" in table
     # what each addition changes: sequence parallelism on both GPTs, expert parallelism and megatron on the MoE
     assert table.count("| sequence parallelism: megatron_dp -> megatron_dp_sp |") == 2
+    assert table.count(" -> megatron_dp_sp_selective | ") == 2  # selective recompute, on both GPTs
+    at = {(r["config"], r["mesh"], r["strategy"]): r for r in rows}
+    for mesh in bm.QUICK_MESHES:  # the tiny model has no remat of its own: selective recompute holds less, by XLA
+        sp, sel = at[("tiny", mesh, "megatron_dp_sp")], at[("tiny", mesh, "megatron_dp_sp_selective")]
+        assert float(sel["xla_mem_gib"]) < float(sp["xla_mem_gib"]) and "GPT/blocks (selective)" in sel["note"]
     assert table.count(" | moe-tiny | ") == 2
     for name in ("memory", "collectives", "automap_vs_experts"):
         assert (tmp_path / f"megatron_{name}.png").stat().st_size > 1000
