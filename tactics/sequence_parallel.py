@@ -204,7 +204,9 @@ def sequence_parallel(axis: str = "model") -> SequenceParallel:
     >>> down = [op for op in plan.program.all_ops if op.primitive == "dot_general"][1]
     >>> plan.state.spec(down.outputs[0])  # the row output: reduce-scattered to the sequence split
     (('data',), ('model',), ())
+    >>> plan.xla_lays_out  # only inputs decided: estimated in the layout XLA's propagation gives
+    True
     >>> sorted({(c.kind, c.bytes) for c in plan.estimate.collectives if c.axes == ("model",)})  # and the loss
-    [('all-gather', 64), ('all-reduce', 4), ('reduce-scatter', 64)]
+    [('all-gather', 128), ('all-reduce', 4), ('reduce-scatter', 128)]
     """
     return SequenceParallel(axis)
