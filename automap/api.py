@@ -82,18 +82,22 @@ class Plan:
         kept_free = not self.pins or (arbitration is not None and arbitration.kept.name == "inputs-only")
         return kept_free and models(self.program)
 
+    def _of_layout(self, what: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per layout: :attr:`xla_lays_out` can change when the first call
+        arbitrates, so what depends on the layout is cached under it."""
+        key = (what, self.xla_lays_out)
+        if key not in self._layouts:
+            self._layouts[key] = compute()
+        return self._layouts[key]
+
     @property
     def layout(self) -> ShardingState:
         """The layout of the compiled program, which :attr:`estimate` prices: the plan's own where
         it is pinned, else the layout XLA's propagation gives from the plan's input and output specs
         (:func:`automap.xla_layout.xla_layout`)."""
-        if not self.xla_lays_out:
-            return self.state
-        if "xla" not in self._layouts:
-            from automap.xla_layout import xla_layout
+        from automap.xla_layout import xla_layout
 
-            self._layouts["xla"] = xla_layout(self.state)
-        return self._layouts["xla"]
+        return self._of_layout("layout", lambda: xla_layout(self.state) if self.xla_lays_out else self.state)
 
     @property
     def estimate(self) -> Any:
@@ -101,10 +105,8 @@ class Plan:
         (nothing is compiled)."""
         from automap.cost import default_topology, estimate
 
-        key = ("estimate", self.xla_lays_out)
-        if key not in self._layouts:
-            self._layouts[key] = estimate(self.layout, self.topology or default_topology(), donated=self.donated)
-        return self._layouts[key]
+        return self._of_layout("estimate", lambda: estimate(self.layout, self.topology or default_topology(),
+                                                            donated=self.donated))
 
     @property
     def in_shardings(self) -> Any:
@@ -125,7 +127,7 @@ class Plan:
     @property
     def reshards(self) -> tuple[Reshard, ...]:
         """The collectives the plan implies, op by op (what the cost model prices)."""
-        return tuple(reshards(self.layout))
+        return self._of_layout("reshards", lambda: tuple(reshards(self.layout)))
 
     def report(self, full: bool = False) -> str:
         """What the plan costs (estimate, implied collectives), then per input its shape, spec,

@@ -46,6 +46,7 @@ def models(program: Program) -> bool:
     """Whether :func:`xla_layout` models XLA's propagation of ``program``: it has no loop."""
     return not any(op.primitive in LOOPS for op in program.all_ops)
 
+
 ROUNDS = ("pass-through ops", "parallel factors", "all factors")
 
 
@@ -179,7 +180,7 @@ def _step(op: Op, level: int, specs: dict, fixed: frozenset, sizes: Mapping[str,
         return []
     # factors in order of preference: the larger source value, then the earlier one, then the factor
     source: dict[int, tuple[int, int]] = {}
-    for t, dims in enumerate(dims_of):
+    for t in range(len(dims_of)):
         size = math.prod(values[linked[t]].shape)  # XLA's rules give every dim a factor (a conv's window too)
         for f in holds[t] & wanted.keys():
             got = cur[t].get(f, ())
@@ -198,7 +199,7 @@ def _step(op: Op, level: int, specs: dict, fixed: frozenset, sizes: Mapping[str,
         for f in order:
             if f not in holds[t]:
                 continue
-            new = _within_factor(wanted[f], fax.get(f, ()), rule.factors[f].size, sizes)
+            new = _within_factor(wanted[f], rule.factors[f].size, sizes)
             have = fax.get(f, ())
             if len(new) <= len(have) or new[: len(have)] != have:
                 continue
@@ -232,7 +233,7 @@ def _extend(old: Axes, new: Axes) -> Axes:
     return new if new[: len(old)] == old else old
 
 
-def _within_factor(axes: Axes, have: Axes, size: int, sizes: Mapping[str, int]) -> Axes:
+def _within_factor(axes: Axes, size: int, sizes: Mapping[str, int]) -> Axes:
     """The prefix of ``axes`` a factor of ``size`` can take: block tiles only (each axis divides
     what the ones before leave)."""
     kept: Axes = ()

@@ -50,13 +50,13 @@ def recompute_orders(space: SearchSpace, state: ShardingState) -> list[list[str]
     before = space.score(state)
     gains: dict[int, list] = {0: [], 1: []}  # 0: selective, 1: whole
     for i, block in enumerate(repeated_blocks(state.program)):
-        whole = None
+        whole_score = None
         for rung, name in ((1, block), (0, selective(block))):
             score = space.rescore(recompute_state(state, [name]))
             saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
             if rung == 1:
-                whole = score
-            elif score.peak_bytes >= whole.peak_bytes or score.time_s >= whole.time_s:
+                whole_score = score
+            elif score.peak_bytes >= whole_score.peak_bytes or score.time_s >= whole_score.time_s:
                 continue  # selective recomputation is worth it only if it saves less for less time
             if saved > 0:
                 gains[rung].append((-saved / slower, i, name))

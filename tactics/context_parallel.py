@@ -190,8 +190,7 @@ class ContextParallel:
 
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
         program, tag = ctx.program, f"context_parallel({self.axis!r})"
-        missing = off_mesh(ctx, state, self.axis, tag)
-        if missing:
+        if missing := off_mesh(ctx, state, self.axis, tag):
             return missing
         layout = attention_layout(ctx)
         if layout.why_not:

@@ -14,7 +14,7 @@ import dataclasses
 
 from automap.propagate import apply
 from automap.shardings import Action, ShardingState
-from tactics.base import PlanContext, TacticResult, refusal
+from tactics.base import PlanContext, TacticResult, off_mesh, refusal
 from tactics.flow import Flow, consumers, follow, weight_derived
 
 _BATCH_ENDS = frozenset({"reduce", "output"})
@@ -67,8 +67,8 @@ class DataParallel:
 
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
         tag = f"data_parallel({self.axis!r})"
-        if self.axis not in ctx.axes:
-            return TacticResult(state, (f"{tag}: not a mesh axis {tuple(ctx.axes)}; nothing done",))
+        if missing := off_mesh(ctx, state, self.axis, tag):
+            return missing
         key = ("batch_dims", ctx.data_inputs, ctx.state_inputs)  # structure: the same for every state
         if key not in ctx.program.memo:
             ctx.program.memo[key] = batch_dims(ctx)

@@ -31,7 +31,7 @@ from automap.ir.program import Op, Program
 from automap.propagate import apply
 from automap.rules import RuleContext, Shaped, traits_of
 from automap.shardings import Action, ShardingState
-from tactics.base import PlanContext, TacticResult, refusal
+from tactics.base import PlanContext, TacticResult, off_mesh, refusal
 from tactics.data_parallel import batch_dims
 from tactics.flow import weight_derived
 
@@ -167,8 +167,8 @@ class ExpertParallel:
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
         program = ctx.program
         tag = f"expert_parallel({self.axis!r})"
-        if self.axis not in ctx.axes:
-            return TacticResult(state, (f"{tag}: not a mesh axis {tuple(ctx.axes)}; nothing done",))
+        if missing := off_mesh(ctx, state, self.axis, tag):
+            return missing
         experts = experts_of(ctx)
         if not experts:
             return TacticResult(state, (f"{tag}: no expert weights (no contraction keeps a weight dim per "

@@ -35,7 +35,7 @@ from typing import Literal
 from automap.ir.program import Program
 from automap.propagate import apply
 from automap.shardings import Action, ShardingError, ShardingState
-from tactics.base import PlanContext, TacticResult
+from tactics.base import PlanContext, TacticResult, off_mesh
 from tactics.data_parallel import DataParallel
 from tactics.flow import consumers, region_links
 
@@ -189,8 +189,8 @@ class Zero:
 
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
         tag, axis = self.tag, self.axis
-        if axis not in ctx.axes:
-            return TacticResult(state, (f"{tag}: not a mesh axis {tuple(ctx.axes)}; nothing done",))
+        if missing := off_mesh(ctx, state, axis, tag):
+            return missing
         program = ctx.program
         roles = state_roles(ctx)
         notes: list[str] = []

@@ -19,7 +19,7 @@ from automap.ir.program import Op, Program
 from automap.propagate import apply
 from automap.rules import traits_of
 from automap.shardings import Action, ShardingState
-from tactics.base import PlanContext, TacticResult, refusal
+from tactics.base import PlanContext, TacticResult, off_mesh, refusal
 from tactics.flow import consumers, derived, follow
 
 
@@ -124,8 +124,8 @@ class Megatron:
 
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
         program = ctx.program
-        if self.axis not in ctx.axes:
-            return TacticResult(state, (f"megatron({self.axis!r}): not a mesh axis {tuple(ctx.axes)}; nothing done",))
+        if missing := off_mesh(ctx, state, self.axis, f"megatron({self.axis!r})"):
+            return missing
         candidates, why_not = candidates_of(ctx)
         actions, notes = [], []
         for c in candidates:

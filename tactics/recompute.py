@@ -40,7 +40,15 @@ class Recompute:
 
 
 def recompute(way: Way = "selective") -> Recompute:
-    """Recompute every repeated block in the backward pass, ``"selective"`` or ``"full"`` (module docstring)."""
+    """Recompute every repeated block in the backward pass, ``"selective"`` or ``"full"`` (module docstring).
+
+    >>> recompute("full").way
+    'full'
+    >>> recompute("some")
+    Traceback (most recent call last):
+    ...
+    ValueError: recompute(way='some'): expected 'selective' or 'full'
+    """
     if way not in ("selective", "full"):
         raise ValueError(f"recompute(way={way!r}): expected 'selective' or 'full'")
     return Recompute(way)

@@ -32,7 +32,7 @@ import dataclasses
 from automap.ir.program import Op, Program
 from automap.propagate import apply
 from automap.shardings import Action, ShardingState
-from tactics.base import PlanContext, TacticResult, refusal
+from tactics.base import PlanContext, TacticResult, off_mesh, refusal
 from tactics.data_parallel import batch_dims
 from tactics.flow import consumers, derived, follow, weight_derived
 from tactics.megatron import candidates_of
@@ -128,8 +128,8 @@ class SequenceParallel:
 
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
         program, tag = ctx.program, f"sequence_parallel({self.axis!r})"
-        if self.axis not in ctx.axes:
-            return TacticResult(state, (f"{tag}: not a mesh axis {tuple(ctx.axes)}; nothing done",))
+        if missing := off_mesh(ctx, state, self.axis, tag):
+            return missing
         dims, why_not = sequence_dims(ctx)
         if not dims:
             reason = "; ".join(why_not[:3]) or "no tensor-parallel region (megatron finds no column/row pair)"
