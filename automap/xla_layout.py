@@ -43,7 +43,15 @@ LOOPS = ("scan", "while")
 
 
 def models(program: Program) -> bool:
-    """Whether :func:`xla_layout` models XLA's propagation of ``program``: it has no loop."""
+    """Whether :func:`xla_layout` models XLA's propagation of ``program``: it has no loop.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> def scanned(x):
+    ...     return jax.lax.scan(lambda h, _: (jnp.tanh(h), None), x, None, length=3)[0]
+    >>> [models(lower(jax.make_jaxpr(f)(jnp.ones(4)), ["x"], ["y"])) for f in (jnp.tanh, scanned)]
+    [True, False]
+    """
     return not any(op.primitive in LOOPS for op in program.all_ops)
 
 
