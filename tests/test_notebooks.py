@@ -15,6 +15,7 @@ pytest.importorskip("ipykernel")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
+DEVICES = "--xla_force_host_platform_device_count=8"  # what the first cell of each sets
 
 
 def errors(nb) -> list[str]:
@@ -22,12 +23,15 @@ def errors(nb) -> list[str]:
             for o in c.get("outputs", ()) if o.get("output_type") == "error"]
 
 
-def execute(path: str):
-    """The notebook at ``path`` executed afresh (outputs cleared first)."""
+def execute(path: str, test_codegen: bool = False):
+    """The notebook at ``path`` executed afresh (outputs cleared first); with ``test_codegen``, under
+    the suite's XLA codegen flag (conftest.py), not committed."""
     nb = nbformat.read(path, as_version=4)
     for c in nb.cells:
         if c.cell_type == "code":
             c.outputs, c.execution_count = [], None
+    if test_codegen:
+        nb.cells[0].source = nb.cells[0].source.replace(DEVICES, DEVICES + " --xla_backend_optimization_level=0")
     # the kernel is a subprocess: it must import this checkout and use matplotlib's file backend
     env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "MPLBACKEND": "Agg"}
     old = {k: os.environ.get(k) for k in env}
@@ -57,8 +61,8 @@ def test_notebook_runs(path):
     assert all(c.execution_count is not None for c in code), \
         f"{os.path.basename(path)}: commit it executed, with its outputs (python tests/test_notebooks.py)"
     assert not errors(committed), errors(committed)
-    assert 'os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"' in committed.cells[0].source
-    assert not errors(execute(path))
+    assert f'os.environ["XLA_FLAGS"] = "{DEVICES}"' in committed.cells[0].source
+    assert not errors(execute(path, test_codegen=True))
 
 
 if __name__ == "__main__":  # refresh the committed outputs

@@ -31,7 +31,7 @@ def launch(modes: str, n: int = 2) -> list[list[dict]]:
     """Start ``n`` workers, wait at most TIMEOUT_S for all of them (kill on timeout), return the
     JSON records each printed."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"  # 4 local devices per process
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"  # 4 local devices
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     for k in ("JAX_NUM_CPU_DEVICES", "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID", "JAX_NUM_PROCESSES"):

@@ -136,8 +136,8 @@ def test_fingerprint_is_the_same_in_another_process():
     here = automap.partition(w.train_step, mesh=automap.make_mesh({"data": 8}), search=None,
                              arbiter=None).plan(*w.abstract()).fingerprint
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONHASHSEED="123", XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONHASHSEED="123", JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
     out = subprocess.run([sys.executable, "-c", _FINGERPRINT.format(root=root)], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
