@@ -35,8 +35,8 @@ from typing import Any, Callable, Literal, Optional
 from automap.measure import Measurement, measure
 from automap.report import human_bytes
 
-__all__ = ["Arbiter", "Arbitration", "prefer", "affordable", "arbitrate", "final_choice", "measured_time", "AUTO_MAX_OPS", "MEMORY_SLACK",
-           "BYTES_TIE"]
+__all__ = ["Arbiter", "Arbitration", "prefer", "affordable", "arbitrate", "final_choice", "measured_time", "AUTO_MAX_OPS",
+           "MEMORY_SLACK", "BYTES_TIE"]
 
 Arbiter = Optional[Literal["auto", "always", "search"]]
 AUTO_MAX_OPS = 4000  # ops in the lowered program (scan bodies counted once): above, "auto" compiles once
