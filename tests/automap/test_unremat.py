@@ -65,14 +65,18 @@ def _stack(ws, x, remat):
     return (jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, ws)[0] ** 2).sum()
 
 
+def _stack_args():
+    rng = np.random.default_rng(0)
+    return (jnp.asarray(rng.standard_normal((3, 64, 128)) * 0.1, jnp.float32),
+            jnp.asarray(rng.standard_normal((512, 64)), jnp.float32))  # activations outweigh the weights
+
+
 def test_dropping_jax_checkpoint_in_a_scan():
     """``jax.lax.scan(jax.checkpoint(layer))`` in a pure-JAX model, data parallel on 8 devices:
     dropped, the backward scan reads the forward's stacked values instead of recomputing them:
     the gradients, the ops and XLA's FLOPs of the model without ``jax.checkpoint``, fewer than
     with it (as estimated), for more memory."""
-    rng = np.random.default_rng(0)
-    ws = jnp.asarray(rng.standard_normal((3, 64, 128)) * 0.1, jnp.float32)
-    x = jnp.asarray(rng.standard_normal((512, 64)), jnp.float32)
+    ws, x = _stack_args()
     mesh = automap.make_mesh({"data": 8})
     fns = {remat: jax.value_and_grad(functools.partial(_stack, remat=remat)) for remat in (True, False)}
     plans = {remat: automap.partition(fn, mesh=mesh, tactics=[tactics.data_parallel("data")], search=None,
@@ -89,3 +93,34 @@ def test_dropping_jax_checkpoint_in_a_scan():
     est_kept, est_got = estimate(kept), estimate(dropped)
     assert measured_kept.dot_flops - got.dot_flops == pytest.approx(est_kept.dot_flops - est_got.dot_flops, rel=1e-6)
     assert got.memory.temp > measured_kept.memory.temp and est_got.memory.temp > est_kept.memory.temp
+
+
+def test_the_search_drops_a_remat_with_memory_to_spare_and_keeps_it_under_a_tight_budget(tmp_path):
+    """With the device's memory to spare, the plan without the model's ``jax.checkpoint`` is
+    faster and the search takes it (the report says so; the step gives the same numbers); under
+    a budget the remat's own peak (or 1.2x it), the same plan without it does not fit and
+    recomputing the block in its place is no better: the remat stays. ``keep_user_remat=True``
+    keeps it whatever the budget. A dropped remat is dropped again when the plan is loaded."""
+    ws, x = _stack_args()
+    mesh = automap.make_mesh({"data": 8})
+    fn = jax.value_and_grad(functools.partial(_stack, remat=True))
+    step = automap.partition(fn, mesh=mesh, arbiter=None)
+    free = step.plan(ws, x)
+    kept = automap.partition(fn, mesh=mesh, arbiter=None, keep_user_remat=True).plan(ws, x)
+    assert free.state.program.dropped_remat == 1 and kept.state.program.remat_calls
+    assert free.estimate.time_s < kept.estimate.time_s and free.estimate.peak_memory_bytes > kept.estimate.peak_memory_bytes
+    assert "the model's own remat dropped (1 jax.checkpoint call(s))" in free.report()
+    assert any("drop the model's remat (1 call(s))" in n for n in free.notes)
+    loss, grads = step(ws, x)
+    want_loss, want_grads = jax.jit(fn)(ws, x)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    np.testing.assert_allclose(grads, want_grads, rtol=1e-5, atol=1e-4)
+    for factor in (1.0, 1.2):
+        budget = int(factor * kept.estimate.peak_memory_bytes)
+        tight = automap.partition(fn, mesh=mesh, arbiter=None, memory_budget=budget).plan(ws, x)
+        assert tight.state.program.remat_calls and not tight.state.program.dropped_remat
+        assert tight.estimate.peak_memory_bytes <= budget
+        assert any(n.startswith("search: kept the model's remat") for n in tight.notes)
+    free.save(tmp_path / "plan.json")
+    loaded = automap.partition(fn, mesh=mesh, plan=str(tmp_path / "plan.json")).plan(ws, x)
+    assert loaded.state.program.dropped_remat == 1 and loaded.state.specs == free.state.specs
