@@ -120,7 +120,7 @@ def drop_remat(program: Program) -> Program:
         elif key is not None:
             table.made[key] = tuple(_outer(o) for o in op.outputs)
         ops.append(op)
-    ops = _unscanned(program, b, ops, table)
+    ops = _unscanned(program, b, ops, table, env)
     outputs = tuple(renamed.get(v, v) for v in program.outputs)
     ops = [_no_remat(op) for op in ops]
     ops = dead_code_eliminated(ops, set(outputs))
@@ -153,7 +153,8 @@ def _no_remat(op: Op) -> Op:
     return dataclasses.replace(op, remat=(), regions=regions)
 
 
-def _unscanned(program: Program, b: ProgramBuilder, ops: list[Op], table: _Table) -> list[Op]:
+def _unscanned(program: Program, b: ProgramBuilder, ops: list[Op], table: _Table,
+               env: dict[int, Hashable]) -> list[Op]:
     """Each backward ``scan`` whose body recomputes (remat ops) matched against the forward
     ``scan`` whose stacked results it reads (module docstring)."""
     ops = list(ops)
@@ -165,11 +166,14 @@ def _unscanned(program: Program, b: ProgramBuilder, ops: list[Op], table: _Table
         i = next((i for i in range(j) if ops[i].primitive == "scan" and xs & set(ops[i].outputs)), None)
         if i is None:
             continue
-        ops[i], ops[j] = _matched_pair(program, b, ops[i], bwd, table)
+        ops[i], ops[j] = _matched_pair(program, b, ops[i], bwd, table, env)
     return _pruned(b, ops, set(program.outputs))
 
 
-def _matched_pair(program: Program, b: ProgramBuilder, fwd: Op, bwd: Op, table: _Table) -> tuple[Op, Op]:
+def _matched_pair(program: Program, b: ProgramBuilder, fwd: Op, bwd: Op, table: _Table,
+                  env: dict[int, Hashable]) -> tuple[Op, Op]:
+    """The forward and backward scans with the backward body's recomputed ops matched (``env``:
+    the keys of top-level values that equal earlier ones)."""
     rf, rb = fwd.regions[0], bwd.regions[0]
     ncf, nkf = fwd.params["num_consts"], fwd.params["num_carry"]
     ncb, nkb = bwd.params["num_consts"], bwd.params["num_carry"]
@@ -177,7 +181,7 @@ def _matched_pair(program: Program, b: ProgramBuilder, fwd: Op, bwd: Op, table: 
     fenv: dict[int, Hashable] = {}
     for k, v in enumerate(rf.inputs):
         if k < ncf:
-            fenv[v] = table.operand(fwd.inputs[k], {}, _outer)
+            fenv[v] = table.operand(fwd.inputs[k], env, _outer)
         elif k >= ncf + nkf:
             fenv[v] = ("xs", fwd.inputs[k])
     ftable = _Table(program)
@@ -193,7 +197,7 @@ def _matched_pair(program: Program, b: ProgramBuilder, fwd: Op, bwd: Op, table: 
     benv: dict[int, Hashable] = {}
     for k, (o, r) in enumerate(zip(bwd.inputs, rb.inputs, strict=True)):
         if k < ncb:
-            benv[r] = table.operand(o, {}, _outer)
+            benv[r] = table.operand(o, env, _outer)
         elif k >= ncb + nkb:
             benv[r] = stacked.get(o, ("xs", o))
     body: list[Op] = []
@@ -214,7 +218,7 @@ def _matched_pair(program: Program, b: ProgramBuilder, fwd: Op, bwd: Op, table: 
         body.append(op)
 
     # what the backward body reads of the removed ops: backward scan inputs
-    consts = {table.operand(o, {}, _outer): r for o, r in zip(bwd.inputs[:ncb], rb.inputs[:ncb], strict=True)}
+    consts = {table.operand(o, env, _outer): r for o, r in zip(bwd.inputs[:ncb], rb.inputs[:ncb], strict=True)}
     xs_in = {benv[r]: r for r in rb.inputs[ncb + nkb:]}
     emitted = {key: o for o, key in stacked.items()}  # forward body value key -> its stacked result
     new_consts: list[tuple[int, int]] = []  # (outer operand, body input)
