@@ -192,7 +192,7 @@ def test_under_a_budget_below_every_expert_plan_a_scanned_model_recomputes_and_f
 
 
 def test_a_recomputing_plan_saves_and_loads(tmp_path):
-    step, plan, _ = _planned("default", memory_budget=_budget())
+    step, plan, _ = _planned("default", memory_budget=_budget(), arbiter="auto")  # the plan of the test above
     path = tmp_path / "plan.json"
     plan.save(path)
     w, state, batch = _gpt()
