@@ -44,7 +44,8 @@ import numpy as np
 from automap.ir.build import ProgramBuilder
 from automap.ir.lower import dead_code_eliminated
 from automap.ir.program import Op, Program, Region
-from automap.ir.scan_recompute import _scan_op
+from automap.ir.recompute import on_program
+from automap.ir.scan_recompute import scan_op
 from automap.shardings import ShardingState
 
 __all__ = ["drop_remat", "drop_remat_state", "has_user_remat"]
@@ -133,8 +134,6 @@ def drop_remat(program: Program) -> Program:
 def drop_remat_state(state: ShardingState) -> ShardingState:
     """``state`` on :func:`drop_remat`'s program (the values it adds copy the layouts of those they
     stand for); ``state`` itself if the program has no user remat."""
-    from automap.ir.recompute import on_program
-
     program = drop_remat(state.program)
     return state if program is state.program else on_program(state, program)
 
@@ -256,9 +255,9 @@ def _matched_pair(program: Program, b: ProgramBuilder, fwd: Op, bwd: Op, table: 
                     + tuple(r for _, r in new_xs), tuple(swap.get(v, v) for v in rb.outputs), tuple(body),
                     rb.trips, rb.role)
     b_params = dict(bwd.params, num_consts=ncb + len(new_consts), linear=(False,) * len(b_ins), jaxpr=None)
-    new_bwd = _scan_op(b, bwd, b_ins, list(bwd.outputs), b_body, b_params)
+    new_bwd = scan_op(b, bwd, b_ins, list(bwd.outputs), b_body, b_params)
     f_body = dataclasses.replace(rf, outputs=rf.outputs + tuple(v for v, _ in f_outs))
-    new_fwd = _scan_op(b, fwd, list(fwd.inputs), list(fwd.outputs) + [y for _, y in f_outs], f_body,
+    new_fwd = scan_op(b, fwd, list(fwd.inputs), list(fwd.outputs) + [y for _, y in f_outs], f_body,
                        dict(fwd.params, jaxpr=None))
     return new_fwd, new_bwd
 
@@ -278,7 +277,7 @@ def _pruned(b: ProgramBuilder, ops: list[Op], live: set[int]) -> list[Op]:
                 body_outs = tuple(r.outputs[:nk]) + tuple(r.outputs[m] for m in keep)
                 body = Region(r.id, r.inputs, body_outs, tuple(dead_code_eliminated(list(r.ops), set(body_outs))),
                               r.trips, r.role)
-                op = _scan_op(b, op, list(op.inputs), outs, body, dict(op.params, jaxpr=None))
+                op = scan_op(b, op, list(op.inputs), outs, body, dict(op.params, jaxpr=None))
         out.append(op)
     return out
 
