@@ -84,10 +84,9 @@ def run_search(
 
 def _user_remat_decided(space: SearchSpace, result: SearchResult) -> tuple[SearchResult, tuple[str, ...]]:
     """``result`` with the model's remat dropped (and blocks recomputed as the budget needs) if
-    :class:`~search.objective.Objective` chooses that over the answer as it is, its anchor (kept
-    unless a plan without the remat is faster beyond the tolerance, or as fast and clearly
-    leaner: dropping the remat to recompute the same blocks in its place changes nothing), and
-    the note saying so."""
+    :meth:`~search.objective.Objective.choose` chooses that over the answer as it is (the
+    faster beyond the tolerance; within it, the fewer bytes sent, then the less memory: the kept
+    remat, listed first, wins a tie), and the note saying so."""
     from search.objective import Objective
     from search.recompute import without_user_remat
     from search.space import Plan
@@ -96,7 +95,7 @@ def _user_remat_decided(space: SearchSpace, result: SearchResult) -> tuple[Searc
     if not options:
         return result, ()
     kept = Plan(result.state, result.score, ())
-    best = Objective().choose([Plan(r.state, r.score, ()) for r in options], anchor=kept)
+    best = Objective().choose([kept] + [Plan(r.state, r.score, ()) for r in options])
     if best is kept:
         return result, (f"kept the model's remat ({len(result.state.program.remat_calls)} call(s)): the best "
                         f"plan without it, {options[0].note()}, is not better",)
