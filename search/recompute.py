@@ -116,10 +116,8 @@ def without_user_remat(space: SearchSpace, answer: ShardingState,
             continue
         if orders is None:
             orders = recompute_orders(space, drop_remat_state(answer))
-        for order in orders:
-            got = greedy_recompute(space, dropped, order, space.rescore(dropped))
-            if got is not None:
-                found.append(dataclasses.replace(got, before=before, dropped=n))
+        found.extend(dataclasses.replace(got, before=before, dropped=n)
+                     for got in _fitted(space, dropped, orders, score))
     return sorted(found, key=lambda r: objective.key(r.score))
 
 
@@ -138,11 +136,25 @@ def fits_by_recompute(space: SearchSpace, answer: ShardingState,
     leanest = sorted(compositions(space), key=lambda p: p.score.peak_bytes)[:LEANEST] if space.macros else []
     candidates: Sequence[ShardingState] = [answer] + space.fastest_states() + [p.state for p in leanest]
     found, seen = [], set()
-    for got in (greedy_recompute(space, s, order) for s in candidates for order in orders):
-        if got is not None and got.state.key() not in seen:
+    for got in (got for s in candidates for got in _fitted(space, s, orders)):
+        if got.state.key() not in seen:
             seen.add(got.state.key())
             found.append(got)
     return sorted(found, key=lambda r: objective.key(r.score))
+
+
+def _fitted(space: SearchSpace, state: ShardingState, orders: list[list[str]],
+            before: Score | None = None) -> list[Recomputed]:
+    """``state`` made to fit by :func:`greedy_recompute` in each of ``orders``; none tried past
+    the first if that is every block wholly (the leanest) and fits nothing."""
+    out = []
+    for k, order in enumerate(orders):
+        got = greedy_recompute(space, state, order, before)
+        if got is None and k == 0 and all(block_mode(name)[1] is None for name in order):
+            break  # nothing leaner to try: selective ways keep more
+        if got is not None:
+            out.append(got)
+    return out
 
 
 def fit_by_recompute(space: SearchSpace, answer: ShardingState,
