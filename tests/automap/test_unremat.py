@@ -75,7 +75,7 @@ def _stack_args():
 
 def test_dropping_jax_checkpoint_in_a_scan():
     """``jax.lax.scan(jax.checkpoint(layer))`` in a pure-JAX model, data parallel on 8 devices:
-    dropped, the backward scan reads the forward's stacked values instead of recomputing them:
+    dropped (as ``tactics.recompute("none", user_remat="drop")`` does), the backward scan reads the forward's stacked values instead of recomputing them:
     the gradients, the ops and XLA's FLOPs of the model without ``jax.checkpoint``, fewer than
     with it (as estimated), for more memory."""
     ws, x = _stack_args()
@@ -86,6 +86,9 @@ def test_dropping_jax_checkpoint_in_a_scan():
     kept, plain = plans[True].state, plans[False].state
     dropped = drop_remat_state(kept)
     assert _counts(dropped.program) == _counts(plain.program) != _counts(kept.program)
+    by_tactic = automap.partition(fns[True], mesh=mesh, search=None, tactics=[
+        tactics.data_parallel("data"), tactics.recompute("none", user_remat="drop")]).plan(ws, x)
+    assert by_tactic.state.program.dropped_remat == 1 and by_tactic.state.specs == dropped.specs
     (measured_kept, _), (got, (loss, grads)), (measured_plain, _) = (
         _compiled(s, mesh, [ws, x]) for s in (kept, dropped, plain))
     want_loss, want_grads = jax.jit(fns[False])(ws, x)
