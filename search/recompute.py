@@ -9,6 +9,13 @@ selectively, the weight matmuls' results kept; the selective ways, then the whol
 fitting plan the objective orders first wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
 where compiling is affordable, XLA's measure of the chosen plan decides whether more blocks must
 be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries).
+
+The model's own ``jax.checkpoint``/``nn.remat`` is a decision too: after every search,
+:func:`without_user_remat` prices the answer and the fastest plans without it
+(:mod:`automap.ir.unremat`), as they are or made to fit by the same orders (selective
+recomputation in place of the model's whole one), and :func:`search.planning.run_search` keeps
+whichever plan :meth:`~search.objective.Objective.choose` orders first, the remat kept on a tie
+(``keep_user_remat=True`` forbids the drop).
 """
 from __future__ import annotations
 
