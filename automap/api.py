@@ -15,7 +15,8 @@ from automap.arbiter import Arbiter, affordable, arbitrate
 from automap.ir.program import Program
 from automap.arg_styles import ArgStyles
 from automap.call_args import ArgumentBinder
-from automap.options import check_argnums, check_argnums_in_range, check_memory_budget, check_pins, tactic_list
+from automap.options import (check_argnums, check_argnums_in_range, check_flag, check_memory_budget, check_pins,
+                             tactic_list)
 from automap.placement import on_mesh, place
 from automap.propagate import Reshard, reshards
 from automap.report import format_report
@@ -299,9 +300,7 @@ class Partitioned:
         self.static_argnums = self._binder.static_argnums  # static_argnames joined by position
         self.strict = strict
         self.pins = pins
-        if not isinstance(keep_user_remat, bool):
-            raise TypeError(f"keep_user_remat must be True or False, got {keep_user_remat!r}")
-        self.keep_user_remat = keep_user_remat
+        self.keep_user_remat = check_flag("keep_user_remat", keep_user_remat)
         if arbiter not in ("auto", "always", "search", None):
             raise ValueError(f"arbiter must be 'auto', 'always', 'search' or None, got {arbiter!r}")
         self.arbiter = arbiter
