@@ -15,7 +15,8 @@ from automap.arbiter import Arbiter, affordable, arbitrate
 from automap.ir.program import Program
 from automap.arg_styles import ArgStyles
 from automap.call_args import ArgumentBinder
-from automap.options import check_argnums, check_argnums_in_range, check_memory_budget, check_pins, tactic_list
+from automap.options import (check_argnums, check_argnums_in_range, check_flag, check_memory_budget, check_pins,
+                             tactic_list)
 from automap.placement import on_mesh, place
 from automap.propagate import Reshard, reshards
 from automap.report import format_report
@@ -262,6 +263,7 @@ class Partitioned:
         pins: emit.PinPolicy = "plan",
         plan: Plan | Any | str | os.PathLike | None = None,
         arbiter: Arbiter = "auto",
+        keep_user_remat: bool = False,
     ):
         from automap.plan_io import StoredPlan
 
@@ -299,6 +301,7 @@ class Partitioned:
         self.static_argnums = self._binder.static_argnums  # static_argnames joined by position
         self.strict = strict
         self.pins = pins
+        self.keep_user_remat = check_flag("keep_user_remat", keep_user_remat)
         if arbiter not in ("auto", "always", "search", None):
             raise ValueError(f"arbiter must be 'auto', 'always', 'search' or None, got {arbiter!r}")
         self.arbiter = arbiter
@@ -357,7 +360,8 @@ class Partitioned:
             else:
                 self._plans[key] = make_plan(
                     fn, pure, self.mesh, tactics=self.tactics, pins=self.pins, search=self.search,
-                    memory_budget=self.memory_budget, arbiter=self.arbiter, **options,
+                    memory_budget=self.memory_budget, arbiter=self.arbiter, keep_user_remat=self.keep_user_remat,
+                    **options,
                 )
         plan = self._plans[key]
         return styles, pure, plan, out_static
@@ -427,7 +431,12 @@ def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:
     :mod:`automap.arbiter`; ``None``: the pinned program, the search's answer by estimate;
     ``"always"``: as ``"auto"`` at any size; ``"search"``: as ``"auto"``), ``plan`` (a fixed Plan, or a plan
     file's path / :meth:`Plan.load` result: no tactics or search run, the stored specs are used
-    after checking the function's fingerprint and the mesh).
+    after checking the function's fingerprint and the mesh), ``keep_user_remat`` (default False:
+    the search may drop the function's own ``jax.checkpoint``/``nn.remat`` when its plan is better
+    without it by the one objective, e.g. faster with memory to spare, or with selective
+    recomputation in its place, and the plan's notes and report say so
+    (:mod:`automap.ir.unremat`); True: the user's remat always stays, for a remat the cost model
+    cannot see the reason for, such as memory outside the step).
 
     Arguments may be flax nnx objects (``train_step(model, optimizer, batch)`` mutating them as
     under ``nnx.jit``): they are planned as their state, which is written back into them after the

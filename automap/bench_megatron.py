@@ -44,7 +44,9 @@ strategy has a use for it):
   model's remat of every layer (the same model without ``remat``; ``tactics.recompute("selective")``:
   the weight matmuls' results kept, attention's core, norms and activations redone in the
   backward), the paper's other half
-- ``automap_mcts``: no tactics, ``search.MCTS(episodes=N, seed=0)``, ``arbiter=None`` (the answer by estimate, nothing compiled), with the device memory as budget
+- ``automap_mcts``: no tactics, ``search.MCTS(episodes=N, seed=0)``, ``arbiter=None`` (the answer by estimate, nothing compiled), with the device memory as budget;
+  the search may drop the model's remat (and recompute selectively in its place) where the
+  objective finds that better (:mod:`automap.ir.unremat`); the note says so
 - ``automap_ilp``: ``search.ILP(max_evaluations=300, time_limit_s=5)`` when the package has it (else
   "n/a (no ILP solver yet)"); a space that needs more cost evaluations than that is reported n/a
   (TooLarge); after 5 s of solving, the best plan found so far stands
@@ -263,7 +265,9 @@ def _mesh_rows(w, cfg: str, mesh_name: str, topos: list, experts: tuple[str, ...
                               strategy="automap_mcts", plan_s=plan_s, note="FAILED: " + "; ".join(tries)))
         else:
             measured = automap.measure(step.lower(state, batch).compile()) if compiled else None
-            chosen = (f"{4 * episodes} episodes after a failed first try; " if tries else "") + _chosen(plan)
+            chosen = (f"{4 * episodes} episodes after a failed first try; " if tries else "") + _chosen(plan) + (
+                "; drops the model's remat" if plan.state.program.dropped_remat else "") + (
+                f"; recomputes {', '.join(plan.state.program.recomputed)}" if plan.state.program.recomputed else "")
             group.append(_row(cfg, params_m, mesh_name, topo, "automap_mcts", plan, axes, plan_s, measured,
                               note=chosen))
         if ilp is None:

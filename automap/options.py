@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 from automap.emit import PinPolicy
 
-__all__ = ["check_argnums", "check_memory_budget", "check_pins", "tactic_list"]
+__all__ = ["check_argnums", "check_flag", "check_memory_budget", "check_pins", "tactic_list"]
 
 
 def _leaves(tactic: Any) -> list[Any]:
@@ -72,6 +72,19 @@ def check_pins(pins: Any) -> None:
     if not isinstance(pins, str) or pins not in allowed:
         raise ValueError(f"pins={pins!r}: pins must be one of {list(allowed)} (which intermediates get sharding "
                          "constraints; the default is 'plan')")
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A yes/no option (``keep_user_remat``): True or False.
+
+    >>> check_flag("keep_user_remat", "yes")
+    Traceback (most recent call last):
+    ...
+    TypeError: keep_user_remat='yes': keep_user_remat must be True or False
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r}: {name} must be True or False")
+    return value
 
 
 def check_argnums(name: str, argnums: Any) -> tuple[int, ...]:

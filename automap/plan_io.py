@@ -15,7 +15,8 @@ The file (format ``automap-plan``, version 1) holds:
   the value ids that get sharding constraints, ``notes``, and ``ops`` (one line per op, only used to
   say what changed); ``recomputed`` (only when there are any): the blocks whose residuals the
   backward recomputes (:mod:`automap.ir.recompute`, applied again on loading: the copies' value
-  ids are the same for the same program).
+  ids are the same for the same program); ``dropped_remat`` (only when true): the model's own
+  remat was dropped (:mod:`automap.ir.unremat`, applied again on loading, before ``recomputed``).
 
 Using a stored plan re-propagates nothing: the function is traced and lowered, its fingerprint
 and the mesh are checked, and the stored specs are set as they are.
@@ -160,7 +161,8 @@ def to_json(plan: Any) -> dict:
         "pins": sorted(plan.pins),
         "notes": list(plan.notes),
         "ops": op_lines(program),
-    } | ({"recomputed": list(state.program.recomputed)} if state.program.recomputed else {})
+    } | ({"recomputed": list(state.program.recomputed)} if state.program.recomputed else {}) | (
+        {"dropped_remat": True} if state.program.dropped_remat else {})
 
 
 def save(plan: Any, path: str | os.PathLike) -> None:
@@ -273,6 +275,7 @@ class StoredPlan:
         """Trace and lower ``fn(*args)``, check it against the stored plan, and set the stored specs."""
         from automap.api import Plan
         from automap.ir.recompute import recompute
+        from automap.ir.unremat import drop_remat
         from automap.planner import donated_inputs, trace_and_lower
 
         traced, program = trace_and_lower(fn, args, static_argnums=static_argnums, strict=strict)
@@ -280,7 +283,8 @@ class StoredPlan:
         from automap.plan_schema import check_program_ids
 
         d = self.data
-        planned = recompute(program, d.get("recomputed", ()))  # the blocks the plan recomputes, if any
+        planned = drop_remat(program) if d.get("dropped_remat") else program  # the model's remat, if dropped
+        planned = recompute(planned, d.get("recomputed", ()))  # the blocks the plan recomputes, if any
         check_program_ids(self.data, self.source, planned)
         axes = _mesh_axes(self.mesh)
         state = ShardingState(

@@ -81,6 +81,7 @@ def make_plan(
     search: Any = "auto",
     memory_budget: Any = None,
     arbiter: Any = None,
+    keep_user_remat: bool = False,
 ) -> Any:
     from automap.api import Plan
     from tactics import PlanContext, batch_over_all_axes, run_schedule
@@ -111,14 +112,14 @@ def make_plan(
         before = state
         state, found, search_notes = run_search(
             search, state, topology=topology, memory_budget=memory_budget, donated=donated,
-            data_inputs=data_inputs, context=ctx,
+            data_inputs=data_inputs, context=ctx, keep_user_remat=keep_user_remat,
         )
         notes = notes + search_notes
         if state.program.recomputed and affordable(arbiter, program):  # XLA has the last word on memory
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
             state, more = _fit_by_measure(state, found, measure_state, lambda budget: run_search(
                 search, before, topology=topology, memory_budget=budget, donated=donated, data_inputs=data_inputs,
-                context=ctx)[:2], memory_budget, topology, donated)
+                context=ctx, keep_user_remat=keep_user_remat)[:2], memory_budget, topology, donated)
             notes = notes + more
         elif found.alternatives and affordable(arbiter, program):  # XLA decides last
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)

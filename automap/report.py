@@ -205,6 +205,10 @@ def format_report(plan: Any, full: bool = False) -> str:
            "(report(full=True) lists every leaf)")
     )
     lines.append(f"  pinned intermediates: {len(plan.pins)}")
+    dropped = plan.state.program.dropped_remat
+    if dropped:  # the search found the plan better without it (search/recompute.py: without_user_remat)
+        lines.append(f"  the model's own remat dropped ({dropped} jax.checkpoint call(s)): the backward reads the "
+                     "forward's values instead of recomputing them (keep_user_remat=True keeps it)")
     recomputed = plan.state.program.recomputed
     if recomputed:  # a memory budget no plan met otherwise (search/recompute.py)
         lines.append(f"  recomputed in the backward (activation checkpointing): {', '.join(recomputed)}")

@@ -41,9 +41,12 @@ def check_budget(state: ShardingState, peak_bytes: int, memory_budget: int | str
 
 def run_search(
     searcher: Any, state: ShardingState, *, topology: Topology | None, memory_budget: int | str | None,
-    donated: Any = (), data_inputs: Any = (), context: Any = None,
+    donated: Any = (), data_inputs: Any = (), context: Any = None, keep_user_remat: bool = False,
 ) -> tuple[ShardingState, SearchResult, tuple[str, ...]]:
-    """Search from ``state``; raise :class:`MemoryBudgetError` if nothing explored fits."""
+    """Search from ``state``; raise :class:`MemoryBudgetError` if nothing explored fits. Unless
+    ``keep_user_remat``, the answer without the model's own remat (alone, or with blocks
+    recomputed: :func:`search.recompute.without_user_remat`) replaces it when the objective
+    orders it first."""
     topology = topology or default_topology()
     budget = budget_bytes(memory_budget, topology)
     space = SearchSpace(
@@ -52,6 +55,8 @@ def run_search(
     )
     result = searcher.search(space)
     recomputing: tuple[str, ...] = ()
+    if not keep_user_remat:  # activation checkpointing is the search's decision: the model's own too
+        result, recomputing = _user_remat_decided(space, result)
     if not result.score.feasible:  # trade FLOPs for memory: recompute blocks on the fastest plans
         from search.recompute import fits_by_recompute
 
@@ -75,3 +80,24 @@ def run_search(
         f"peak {human_bytes(result.score.peak_bytes)}/device (budget {human_bytes(budget)})",
     ) + tuple(f"search: {d}" for d in result.describe(space)) + tuple(f"search: {n}" for n in result.notes + recomputing)
     return result.state, result, notes
+
+
+def _user_remat_decided(space: SearchSpace, result: SearchResult) -> tuple[SearchResult, tuple[str, ...]]:
+    """``result`` with the model's remat dropped (and blocks recomputed as the budget needs) if
+    :meth:`~search.objective.Objective.choose` chooses that over the answer as it is (the
+    faster beyond the tolerance; within it, the fewer bytes sent, then the less memory: the kept
+    remat, listed first, wins a tie), and the note saying so."""
+    from search.objective import Objective
+    from search.recompute import without_user_remat
+    from search.space import Plan
+
+    options = without_user_remat(space, result.state)
+    if not options:
+        return result, ()
+    kept = Plan(result.state, result.score, ())
+    best = Objective().choose([kept] + [Plan(r.state, r.score, ()) for r in options])
+    if best is kept:
+        return result, (f"kept the model's remat ({len(result.state.program.remat_calls)} call(s)): the best "
+                        f"plan without it, {options[0].note()}, is not better",)
+    got = next(r for r in options if r.state is best.state)
+    return dataclasses.replace(result, state=got.state, score=got.score), (got.note(),)

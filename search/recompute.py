@@ -1,4 +1,5 @@
-"""When no plan fits the memory budget: recompute repeated blocks on the fastest plans.
+"""When no plan fits the memory budget: recompute repeated blocks on the fastest plans; and
+whether the model's own remat pays (:func:`without_user_remat`).
 
 Recomputation (:mod:`automap.ir.recompute`) trades a block's forward FLOPs for its residuals'
 memory. It is tried only when the search found nothing within the budget: on each of the fastest
@@ -8,6 +9,13 @@ selectively, the weight matmuls' results kept; the selective ways, then the whol
 fitting plan the objective orders first wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
 where compiling is affordable, XLA's measure of the chosen plan decides whether more blocks must
 be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries).
+
+The model's own ``jax.checkpoint``/``nn.remat`` is a decision too: after every search,
+:func:`without_user_remat` prices the answer and the fastest plans without it
+(:mod:`automap.ir.unremat`), as they are or made to fit by the same orders (selective
+recomputation in place of the model's whole one), and :func:`search.planning.run_search` keeps
+whichever plan :meth:`~search.objective.Objective.choose` orders first, the remat kept on a tie
+(``keep_user_remat=True`` forbids the drop).
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from automap.ir.recompute import block_mode, pending_blocks, recompute_state, repeated_blocks, selective
+from automap.ir.unremat import drop_remat_state, has_user_remat
 from automap.report import human_bytes
 from automap.shardings import ShardingState
 from search.compose import compositions
@@ -24,16 +33,21 @@ from search.space import Score, SearchSpace
 
 @dataclasses.dataclass(frozen=True)
 class Recomputed:
-    """A plan made to fit by recomputing ``blocks``, and what it cost."""
+    """A plan made to fit by recomputing ``blocks`` (and dropping the model's own remat, when
+    ``dropped``: :func:`without_user_remat`), and what it cost."""
 
     state: ShardingState
     score: Score
     blocks: tuple[str, ...]
-    before: Score  # the plan without recomputation
+    before: Score  # the plan without recomputation (with the model's remat, when dropped)
+    dropped: int = 0  # the model's remat calls dropped
 
     def note(self) -> str:
+        what = (f"drop the model's remat ({self.dropped} call(s))" if self.dropped else "") + (
+            " and " if self.dropped and self.blocks else "") + (
+            f"recompute {len(self.blocks)} block(s) ({', '.join(self.blocks)})" if self.blocks else "")
         return (
-            f"recompute {len(self.blocks)} block(s) ({', '.join(self.blocks)}): estimated peak "
+            f"{what}: estimated peak "
             f"{human_bytes(self.before.peak_bytes)} -> {human_bytes(self.score.peak_bytes)} per device, step "
             f"{self.before.time_s * 1e3:.3f} -> {self.score.time_s * 1e3:.3f} ms"
         )
@@ -43,11 +57,11 @@ def recompute_orders(space: SearchSpace, state: ShardingState) -> list[list[str]
     """Orders in which to recompute repeated blocks, each made of the ways (wholly, or
     selectively: :func:`~automap.ir.recompute.selective`) whose use alone lowers ``state``'s
     peak, the most memory saved per second of recompute first: every block wholly; every block
-    selectively (where that saves less for less time than wholly); and the ladder of the
+    selectively (where that takes less time than wholly); and the ladder of the
     selective ways, then the whole ones (a block recomputed selectively early on is recomputed
     wholly further down). Which order gives the best fitting plan depends on the budget: the
     objective decides (:func:`fits_by_recompute`)."""
-    before = space.score(state)
+    before = space.rescore(state)
     gains: dict[int, list] = {0: [], 1: []}  # 0: selective, 1: whole
     for i, block in enumerate(repeated_blocks(state.program)):
         whole_score = None
@@ -56,8 +70,8 @@ def recompute_orders(space: SearchSpace, state: ShardingState) -> list[list[str]
             saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
             if rung == 1:
                 whole_score = score
-            elif score.peak_bytes >= whole_score.peak_bytes or score.time_s >= whole_score.time_s:
-                continue  # selective recomputation is worth it only if it saves less for less time
+            elif score.time_s >= whole_score.time_s:
+                continue  # selective recomputation is worth it only if it takes less time than whole
             if saved > 0:
                 gains[rung].append((-saved / slower, i, name))
     whole, some = ([name for *_, name in sorted(gains[r])] for r in (1, 0))
@@ -65,9 +79,11 @@ def recompute_orders(space: SearchSpace, state: ShardingState) -> list[list[str]
     return [o for k, o in enumerate(orders) if o and o not in orders[:k]]
 
 
-def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[str]) -> Recomputed | None:
+def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[str],
+                     before: Score | None = None) -> Recomputed | None:
     """``state`` with the shortest prefix of ``order`` recomputed (each block in the last way the
-    prefix names it) that fits ``space``'s budget; None if even all of them do not."""
+    prefix names it) that fits ``space``'s budget; None if even all of them do not. ``before``:
+    ``state``'s score, if the search did not make it (not scored into the search's tables)."""
     blocks = repeated_blocks(state.program)
     for k in range(1, len(order) + 1):
         way = {block_mode(name)[0]: name for name in order[:k]}
@@ -75,8 +91,41 @@ def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[s
         got = recompute_state(state, chosen)
         score = space.rescore(got)
         if score.feasible:
-            return Recomputed(got, score, tuple(chosen), space.score(state))
+            return Recomputed(got, score, tuple(chosen), before or space.score(state))
     return None
+
+
+UNREMAT_CANDIDATES = 4  # the answer and the fastest plans scored, tried without the model's remat
+
+
+def without_user_remat(space: SearchSpace, answer: ShardingState,
+                       objective: Objective = Objective()) -> list[Recomputed]:
+    """The answer and the fastest plans ``space`` scored (:data:`UNREMAT_CANDIDATES` in all)
+    without the model's own ``remat``/``checkpoint`` (:func:`~automap.ir.unremat.drop_remat`):
+    each as it is when it fits the budget, else made to fit by :func:`greedy_recompute` in each
+    order of :func:`recompute_orders` (the dropped answer's blocks: e.g. selective recomputation
+    in place of the model's whole one); best first by ``objective``; empty if the program has no
+    user remat or nothing fits. The caller holds them against the plan with the remat kept."""
+    if not has_user_remat(answer.program):
+        return []
+    candidates: dict = {}
+    for state in [answer] + space.fastest_states():
+        if len(candidates) < UNREMAT_CANDIDATES:
+            candidates.setdefault(state.key(), state)
+    orders: list[list[str]] | None = None
+    found = []
+    for state in candidates.values():
+        before, dropped = space.score(state), drop_remat_state(state)
+        score = space.rescore(dropped)
+        n = len(state.program.remat_calls)
+        if score.feasible:
+            found.append(Recomputed(dropped, score, (), before, n))
+            continue
+        if orders is None:
+            orders = recompute_orders(space, drop_remat_state(answer))
+        found.extend(dataclasses.replace(got, before=before, dropped=n)
+                     for got in _fitted(space, dropped, orders, score))
+    return sorted(found, key=lambda r: objective.key(r.score))
 
 
 LEANEST = 3  # expert compositions holding the least memory, candidates besides the fastest plans
@@ -94,11 +143,25 @@ def fits_by_recompute(space: SearchSpace, answer: ShardingState,
     leanest = sorted(compositions(space), key=lambda p: p.score.peak_bytes)[:LEANEST] if space.macros else []
     candidates: Sequence[ShardingState] = [answer] + space.fastest_states() + [p.state for p in leanest]
     found, seen = [], set()
-    for got in (greedy_recompute(space, s, order) for s in candidates for order in orders):
-        if got is not None and got.state.key() not in seen:
+    for got in (got for s in candidates for got in _fitted(space, s, orders)):
+        if got.state.key() not in seen:
             seen.add(got.state.key())
             found.append(got)
     return sorted(found, key=lambda r: objective.key(r.score))
+
+
+def _fitted(space: SearchSpace, state: ShardingState, orders: list[list[str]],
+            before: Score | None = None) -> list[Recomputed]:
+    """``state`` made to fit by :func:`greedy_recompute` in each of ``orders``; none tried past
+    the first if that is every block wholly (the leanest) and fits nothing."""
+    out = []
+    for k, order in enumerate(orders):
+        got = greedy_recompute(space, state, order, before)
+        if got is None and k == 0 and all(block_mode(name)[1] is None for name in order):
+            break  # nothing leaner to try: selective ways keep more
+        if got is not None:
+            out.append(got)
+    return out
 
 
 def fit_by_recompute(space: SearchSpace, answer: ShardingState,

@@ -116,6 +116,7 @@ class Program:
     remat_calls: Mapping[int, RematCall] = dataclasses.field(default_factory=dict)
     recomputed: tuple[str, ...] = ()  # blocks whose residuals the backward recomputes (ir/recompute.py)
     copies: Mapping[int, int] = dataclasses.field(default_factory=dict)  # recomputed value -> its original
+    dropped_remat: int = 0  # user remat calls dropped, their recomputation matched to the forward (ir/unremat.py)
     memo: dict = dataclasses.field(default_factory=dict, repr=False)  # derived data, e.g. per-op costs
 
     def value(self, vid: int) -> Value:

@@ -315,6 +315,12 @@ def recompute_state(state: ShardingState, blocks: Iterable[str]) -> ShardingStat
     program = recompute(state.program, blocks)
     if program.recomputed == state.program.recomputed:
         return state
+    return on_program(state, program)
+
+
+def on_program(state: ShardingState, program: Program) -> ShardingState:
+    """``state`` on ``program``, a rewrite of its program that adds values copying others
+    (``program.copies``): each copy has its original's spec and priority."""
     specs = copied_specs(program, dict(state.specs))
     priority = dict(state.priority)
     for v, o in program.copies.items():

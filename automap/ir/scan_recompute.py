@@ -194,7 +194,7 @@ def recompute_scan(program: Program, block: str, save: Saved | None = None) -> P
                     + tuple(r for _, r in keep_xs) + tuple(xs_ins),
                     tuple(swap.get(v, v) for v in rb.outputs), tuple(body_ops), rb.trips, rb.role)
     b_params = dict(bwd.params, num_consts=ncb + len(new_consts), linear=(False,) * len(b_ins), jaxpr=None)
-    new_bwd = _scan_op(b, bwd, b_ins, list(bwd.outputs), b_body, b_params)
+    new_bwd = scan_op(b, bwd, b_ins, list(bwd.outputs), b_body, b_params)
 
     # the forward scan: its residuals dropped (and the work only they needed), the checkpoints emitted
     f_outs = [y for y in fwd.outputs if y not in redone]
@@ -202,14 +202,15 @@ def recompute_scan(program: Program, block: str, save: Saved | None = None) -> P
     f_ops = dead_code_eliminated(list(rf.ops), set(f_body_outs))
     f_body = Region(rf.id, rf.inputs, tuple(f_body_outs), tuple(f_ops), rf.trips, rf.role)
     f_params = dict(fwd.params, jaxpr=None)
-    new_fwd = _scan_op(b, fwd, list(fwd.inputs), f_outs + [y for _, y in emitted], f_body, f_params)
+    new_fwd = scan_op(b, fwd, list(fwd.inputs), f_outs + [y for _, y in emitted], f_body, f_params)
 
     ops = list(program.ops)
     ops[pair.forward], ops[pair.backward] = new_fwd, new_bwd
     return dataclasses.replace(program, values=tuple(b.values), ops=tuple(ops), copies=b.copies, memo={})
 
 
-def _scan_op(b: ProgramBuilder, like: Op, ins: list[int], outs: list[int], body: Region, params: dict) -> Op:
+def scan_op(b: ProgramBuilder, like: Op, ins: list[int], outs: list[int], body: Region, params: dict) -> Op:
+    """``like`` (a ``scan`` op) with new operands, results, body and params, and the rule linking them."""
     rule, linked_in, linked_out = link_rule(b.values, "scan", params, ins, outs, (body,))
     return dataclasses.replace(like, inputs=tuple(ins), outputs=tuple(outs), rule=rule, params=params,
                                regions=(body,), linked_inputs=linked_in, linked_outputs=linked_out)

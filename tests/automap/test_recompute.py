@@ -16,7 +16,7 @@ import automap
 import tactics
 from automap import _compat, emit, zoo
 from automap.cost import estimate
-from automap.ir.recompute import recompute_state, repeated_blocks, selective
+from automap.ir.recompute import SELECTIVE, recompute_state, repeated_blocks, selective
 
 # activations outweigh the parameters, as in training at scale
 CFG = zoo.GPTConfig(layers=2, batch=16, seq=32, vocab=64)
@@ -167,18 +167,21 @@ def test_under_a_budget_below_every_expert_plan_the_default_plan_recomputes_and_
 
 def test_under_a_budget_below_every_expert_plan_a_scanned_model_recomputes_and_fits():
     """Issue 21's done-when on a scanned model (``nn.scan`` over the layers, no remat in its
-    code): the backward scan recomputes each layer's forward from its input, the forward scan
-    keeps only that input per layer (one stacked carry, not the stacked residuals)."""
+    code): the backward scan recomputes each layer's forward (wholly, or selectively, as the
+    objective chooses) from its input, the forward scan keeps that input per layer (one stacked
+    carry) and fewer of the stacked residuals."""
     budget = _budget(scan=True)  # 0.8 x FSDP's 2,247,332 B, the smallest
     w, state, batch = _gpt(True)
     step = automap.partition(w.train_step, mesh=automap.make_mesh(MESH), memory_budget=budget)  # the defaults
     plan = step.plan(state, batch)
-    assert plan.state.program.recomputed == ("GPT/blocks",)
-    assert "recomputed in the backward (activation checkpointing): GPT/blocks" in plan.report()
+    (block,) = plan.state.program.recomputed
+    assert block in ("GPT/blocks", selective("GPT/blocks"))
+    assert f"recomputed in the backward (activation checkpointing): {block}" in plan.report()
     forward, _ = (op for op in plan.program.ops if op.primitive == "scan")  # the traced one: 32 stacked results
     forward_now, backward = (op for op in plan.state.program.ops if op.primitive == "scan")
-    assert len(forward.outputs) == 33 and [plan.state.program.values[v].shape for v in forward_now.outputs] == [
-        (16, 32, 64), (2, 16, 32, 64)]
+    shapes = [plan.state.program.values[v].shape for v in forward_now.outputs]
+    assert len(forward.outputs) == 33 and len(shapes) < 33 and (2, 16, 32, 64) in shapes[1:]  # the checkpoints
+    assert len(shapes) == 2 or block.endswith(SELECTIVE)
     assert any(op.name == "GPT/blocks/recompute" for op in backward.regions[0].ops)
     got, outs = _compiled(plan.state, step.mesh, jax.tree.leaves((state, batch)))
     assert got.memory_per_device <= budget, (got.memory, budget)  # 1,095,188 <= 1,797,865 B
@@ -189,7 +192,7 @@ def test_under_a_budget_below_every_expert_plan_a_scanned_model_recomputes_and_f
 
 
 def test_a_recomputing_plan_saves_and_loads(tmp_path):
-    step, plan, _ = _planned("default", memory_budget=_budget())
+    step, plan, _ = _planned("default", memory_budget=_budget(), arbiter="auto")  # the plan of the test above
     path = tmp_path / "plan.json"
     plan.save(path)
     w, state, batch = _gpt()
