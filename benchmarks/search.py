@@ -107,6 +107,9 @@ def quality(args, topo) -> None:
                 dp = search.SearchSpace(root, topology=topo, context=ctx).score(
                     run_schedule([tactics.batch_over_all_axes()], ctx, root).state)
                 for budget in (None, int(dp.peak_bytes * 0.8)):
+                    config = f"{'scan' if scan else 'unroll'}-{'none' if budget is None else 'budget'}"
+                    if args.configs and config not in args.configs.split(","):
+                        continue
                     space = search.SearchSpace(root, topology=topo, memory_budget=budget,
                                                data_inputs=ctx.data_inputs, context=ctx)
                     plans = expert_plans(space, ctx, root, axes)
@@ -210,6 +213,8 @@ def main() -> int:
     parser.add_argument("--topology", default="h100-8")
     parser.add_argument("--parts", default="abcp")
     parser.add_argument("--layers", default="2,12", help="(a): model depths, comma-separated")
+    parser.add_argument("--configs", default="", help="(a): only these, comma-separated (of scan-none, scan-budget, "
+                        "unroll-none, unroll-budget: scanned or unrolled, without a budget or under 0.8x data parallel's)")
     parser.add_argument("--meshes", default="", help=f"(a): only these meshes, comma-separated (of {', '.join(MESHES)})")
     parser.add_argument("--ilp-evaluations", type=int, default=20000, help="(a): search.ILP(max_evaluations=...)")
     parser.add_argument("--ilp-time-limit", type=float, default=600.0, help="(a): search.ILP(time_limit_s=...)")
