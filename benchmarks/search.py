@@ -101,12 +101,15 @@ def quality(args, topo) -> None:
     for layers in layer_set:
         for scan in (True, False):
             for mesh_name, axes in MESHES.items():
-                if args.quick and mesh_name != "2x4":
+                if (args.quick and mesh_name != "2x4") or (args.meshes and mesh_name not in args.meshes.split(",")):
                     continue
                 w, p, ctx, root = setup(layers, scan, axes)
                 dp = search.SearchSpace(root, topology=topo, context=ctx).score(
                     run_schedule([tactics.batch_over_all_axes()], ctx, root).state)
                 for budget in (None, int(dp.peak_bytes * 0.8)):
+                    config = f"{'scan' if scan else 'unroll'}-{'none' if budget is None else 'budget'}"
+                    if args.configs and config not in args.configs.split(","):
+                        continue
                     space = search.SearchSpace(root, topology=topo, memory_budget=budget,
                                                data_inputs=ctx.data_inputs, context=ctx)
                     plans = expert_plans(space, ctx, root, axes)
@@ -124,7 +127,8 @@ def quality(args, topo) -> None:
                                 root, topology=topo, memory_budget=budget, data_inputs=ctx.data_inputs, context=ctx))
                             fits = exact.score.feasible and (ceiling is None or ceiling.admits(exact.score))
                             proved = "" if exact.notes == (search.ilp.OPTIMAL,) else "*"
-                            ilp_note = "" if not proved else f"\n    ILP: {exact.notes[0]}"
+                            ilp_note = (f"\n    ILP: {'proved' if not proved else exact.notes[0]}; "
+                                        f"{exact.stats.states_evaluated} cost evaluations, {exact.stats.wall_time_s:.0f} s")
                             ilp_txt = f"{result.score.time_s / exact.score.time_s:.3f}{proved}" if fits else "none fits"
                         except search.TooLarge:
                             ilp_txt = "too large"
@@ -209,6 +213,9 @@ def main() -> int:
     parser.add_argument("--topology", default="h100-8")
     parser.add_argument("--parts", default="abcp")
     parser.add_argument("--layers", default="2,12", help="(a): model depths, comma-separated")
+    parser.add_argument("--configs", default="", help="(a): only these, comma-separated (of scan-none, scan-budget, "
+                        "unroll-none, unroll-budget: scanned or unrolled, without a budget or under 0.8x data parallel's)")
+    parser.add_argument("--meshes", default="", help=f"(a): only these meshes, comma-separated (of {', '.join(MESHES)})")
     parser.add_argument("--ilp-evaluations", type=int, default=20000, help="(a): search.ILP(max_evaluations=...)")
     parser.add_argument("--ilp-time-limit", type=float, default=600.0, help="(a): search.ILP(time_limit_s=...)")
     parser.add_argument("--measure", action="store_true", help="(a): also compile the plans and measure them")

@@ -27,7 +27,8 @@ budget (and the ceiling). Each one found is evaluated with the real cost model, 
 and cut off (a no-good cut) if not, and the program solved again until none is left: the start is
 then proved. Starts are taken fastest first, so most end at their first solve. The result is
 never worse than any combination evaluated exactly (every start, single option and pair).
-``max_evaluations`` bounds the size: larger spaces raise :class:`TooLarge`.
+``max_evaluations`` bounds the size (the start, single options and pairs the models evaluate, counted
+once tied groups are merged): larger spaces raise :class:`TooLarge`.
 
 :func:`refine` runs the same model around one plan, with single actions: :class:`search.MCTS`
 ends with it.
@@ -49,6 +50,7 @@ from search.greedy import replay
 from search.objective import Objective
 from search.space import GroupAction, Move, Score, SearchSpace
 
+MERGE_FIRST = 2  # a space is sized after its tied groups merge only when within this factor of the limit before
 _RESOLUTION = 1e-6  # plans faster by less than this fraction count as no faster
 OPTIMAL = "optimal under the pairwise cost model"  # the note of a result the solver proved
 
@@ -136,6 +138,11 @@ def combinations(space: SearchSpace, tie: bool = True) -> list[tuple[tuple[Move,
     return out
 
 
+def _too_large(needed: int, limit: int) -> TooLarge:
+    return TooLarge(f"the exact solver would need {needed} cost evaluations (max_evaluations={limit}): "
+                    "use search.MCTS, or fewer decision groups")
+
+
 def _pairs_needed(opts: Sequence[Sequence[Option]]) -> int:
     sizes = [len(o) - 1 for o in opts if len(o) > 1]
     return sum(sizes) + sum(a * b for a, b in itertools.combinations(sizes, 2))
@@ -161,12 +168,14 @@ class ILP:
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()
-        problems = combinations(space, tie=False)  # sized before ties are merged: at most that many
-        needed = sum(1 + _pairs_needed(opts) for _, opts in problems)
-        if needed > self.max_evaluations:
-            raise TooLarge(f"the exact solver would need {needed} cost evaluations (max_evaluations="
-                           f"{self.max_evaluations}): use search.MCTS, or fewer decision groups")
+        problems = combinations(space, tie=False)
+        needed = sum(1 + _pairs_needed(opts) for _, opts in problems)  # before ties are merged: at most that
+        if needed > MERGE_FIRST * self.max_evaluations:  # too large even if merging halved it: no merge run
+            raise _too_large(needed, self.max_evaluations)
         problems = [(start, _merge_tied(space, replay(space, start)[0], opts)) for start, opts in problems]
+        needed = sum(1 + _pairs_needed(opts) for _, opts in problems)  # what the models below evaluate
+        if needed > self.max_evaluations:
+            raise _too_large(needed, self.max_evaluations)
         objective = Objective(tolerance=0.0, ceiling=self.ceiling)
         best = _Incumbent(space, (space.root, space.score(space.root), ()), objective)
         consider = best.consider

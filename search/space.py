@@ -115,6 +115,18 @@ def _blocked_dims(program: Program, vid: int) -> set[int]:
     return out
 
 
+def used_axes(state: ShardingState, axes: Sequence[str]) -> set[str]:
+    """The axes some spec of ``state`` holds, of ``axes`` (the scan stops once all are found)."""
+    used: set[str] = set()
+    for spec in state.specs.values():
+        for dim in spec:
+            if dim:
+                used.update(dim)
+        if used.issuperset(axes):
+            break
+    return used.intersection(axes)
+
+
 class SearchSpace:
     """Decision groups over a root state, with cached scoring (a transposition table)."""
 
@@ -175,18 +187,23 @@ class SearchSpace:
 
     def legal(self, state: ShardingState) -> list[Move]:
         """Every action that changes the state and keeps every spec valid, in a fixed order:
-        tactic macro-actions first, then group actions, largest groups first."""
+        tactic macro-actions first, then group actions, largest groups first. (The candidates
+        are found once per state; a macro is dropped once it was run there and changed nothing.)"""
+        candidates = state.memo.get(("search.legal", self))
+        if candidates is None:
+            candidates = state.memo[("search.legal", self)] = self._candidates(state)
+        results, key = self._macro_results, state.key()
+        # a macro lazily: run when chosen (a no-op then leads nowhere new)
+        return [a for a in candidates if a.__class__ is not TacticAction or results.get((key, a), a) is not None]
+
+    def _candidates(self, state: ShardingState) -> list[Move]:
         out: list[Move] = []
-        used = {a for spec in state.specs.values() for dim in spec for a in dim}
+        used = used_axes(state, self.axes)
         axes = self.open_axes(state)
         for name in self.macros:
             for axis in axes:
-                if not self.offered(name, axis, state, used):
-                    continue
-                action = TacticAction(name, axis)
-                key = (state.key(), action)
-                if key not in self._macro_results or self._macro_results[key] is not None:
-                    out.append(action)  # lazily: run when chosen (a no-op then leads nowhere new)
+                if self.offered(name, axis, state, used):
+                    out.append(TacticAction(name, axis))
         for g, members in enumerate(self.groups):
             rep = self.program.values[members[0]]
             for d in range(rep.ndim):
@@ -210,7 +227,7 @@ class SearchSpace:
         (Megatron-LM's, on the tensor-parallel axis). Expert parallelism needs experts. ``used``:
         the axes some spec of ``state`` holds (computed when not given)."""
         if used is None:
-            used = {a for spec in state.specs.values() for dim in spec for a in dim}
+            used = used_axes(state, self.axes)
         macros = _macros()
         if name == "sequence_parallel":
             return macros[name](axis).applies(self.context, state)
@@ -226,6 +243,8 @@ class SearchSpace:
         same places (the same dims of the same values; a free axis sits nowhere), the first; the
         others would make the same plans with the axes renamed. So a mesh of many like axes
         branches as one of few, free or used alike (two axes that both carry the batch count once)."""
+        if len(set(self.axis_class.values())) == len(self.axes):
+            return self.axes  # no two axes alike: each is open (and the places need no scan of every spec)
         got = state.memo.get("search.open_axes")
         if got is None:
             places: dict[str, list] = {a: [] for a in self.axes}

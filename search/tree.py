@@ -18,7 +18,7 @@ import numpy as np
 
 from automap.shardings import ShardingState
 from search.objective import Objective
-from search.space import Move, Plan, Score, SearchSpace
+from search.space import GroupAction, Move, Plan, Score, SearchSpace
 
 
 @dataclasses.dataclass(eq=False)
@@ -175,6 +175,8 @@ def actions_between(space: SearchSpace, start: ShardingState, end: ShardingState
     state = start
     while state.key() != end.key():  # replay: the first legal action that leads towards ``end``
         for a in space.legal(state):
+            if isinstance(a, GroupAction) and not _towards(space, a, end):
+                continue  # it tiles a dim on an axis that ``end`` does not: it leads away
             nxt = space.apply(state, a)
             if all(end.specs.get(v) == spec for v, spec in nxt.specs.items()):
                 out.append(a)
@@ -183,3 +185,13 @@ def actions_between(space: SearchSpace, start: ShardingState, end: ShardingState
         else:
             break
     return tuple(out)
+
+
+def _towards(space: SearchSpace, action: GroupAction, end: ShardingState) -> bool:
+    """Whether ``end`` tiles the action's dim on its axis for every value of its group (a
+    state the action leads to does: propagation never takes an axis off)."""
+    for v in space.groups[action.group]:
+        spec = end.specs.get(v)
+        if spec is None or action.axis not in spec[action.dim]:
+            return False
+    return True

@@ -36,9 +36,11 @@ def combine_groups(program, reshards: Sequence) -> list[GroupKey]:
         by_op.setdefault(r.op, []).append(i)
     height = [0] * len(program.values)
     keys: list[GroupKey | None] = [None] * len(reshards)
+    mine_of = by_op.get
     for op_id, outputs, inputs, region in _backward_walk(program):
-        h = max([height[v] for v in outputs], default=0)
-        mine = by_op.get(op_id)
+        # most ops have one output: no list built (this loop runs over every op for every estimate)
+        h = height[outputs[0]] if len(outputs) == 1 else max([height[v] for v in outputs], default=0)
+        mine = mine_of(op_id)
         if mine is None:  # most ops: pass the height on to the inputs
             if h:
                 for v in inputs:

@@ -79,7 +79,7 @@ class Estimate:
     def collective_bytes(self) -> int:
         return sum(c.bytes * c.count for c in self.collectives)
 
-    @property
+    @functools.cached_property  # the search's objective reads it at every comparison
     def wire_bytes(self) -> float:
         """Bytes each device sends per step (`automap.measure.Measurement.wire_bytes`'s estimate)."""
         return sum(c.wire_bytes for c in self.collectives)
@@ -231,15 +231,27 @@ def _combined(program: Program, kept: list[Reshard], collectives: list[Collectiv
     kinds = combined_kinds(topology)
     keys = combine_groups(program, kept)
     charged = latency_charges(keys, [c.bytes for c in collectives], kinds)
+    if len(_COMBINED) > 200_000:
+        _COMBINED.clear()
     out = []
     for c, pays, key in zip(collectives, charged, keys, strict=True):
-        if c.kind in kinds:
-            c = dataclasses.replace(c, combine_key=key)
-        if not pays:
-            latency = collective_time(c.kind, 0, c.axes, axes, topology) * c.count
-            c = dataclasses.replace(c, time_s=c.time_s - latency, combined=True)
-        out.append(c)
+        memo_key = (id(c), key, pays)  # c is one of _priced's: its topology and mesh are this estimate's
+        got = _COMBINED.get(memo_key)
+        if got is None or got[0] is not c:
+            new = c
+            if c.kind in kinds:
+                new = dataclasses.replace(new, combine_key=key)
+            if not pays:
+                latency = collective_time(c.kind, 0, c.axes, axes, topology) * c.count
+                new = dataclasses.replace(new, time_s=new.time_s - latency, combined=True)
+            got = _COMBINED[memo_key] = (c, new)  # c kept in the entry: its id is not reused while it lives
+        out.append(got[1])
     return out
+
+
+# (id(collective), combine group, pays its latency) -> (collective, as combined): states share most
+# collectives (see _priced), and most keep their group from state to state
+_COMBINED: dict[tuple, tuple] = {}
 
 
 def _ops_by_id(program: Program) -> Mapping[int, Op]:
