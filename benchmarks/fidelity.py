@@ -26,10 +26,7 @@ it prints, per model, the three figures of issue 18:
    ``jax.jit(train_step, in_shardings=plan.in_shardings, out_shardings=plan.out_shardings)``,
    XLA's bytes sent and memory, target <= 1.05x each.
 3. not dominated: the default plan against each manual plan by XLA's measure (dominated: more bytes
-   sent and more memory than the manual plan); of the dominated pairs, those where the default is not
-   faster either by the cost model's step time (what the search minimises, and what
-   ``automap.arbiter.final_choice`` keeps first: a default the manual plan dominates in bytes and
-   memory is kept when it is the faster step).
+   sent and more memory than the manual plan).
 
     python benchmarks/fidelity.py [--models a,b] [--plans p,q] [--quick] [--episodes N]
                                   [--arbiter auto] [--pins anchors] [--markdown] [--out docs/fidelity.md]
@@ -80,7 +77,6 @@ QUICK_MODELS, QUICK_EPISODES = ("mlp", "nnx_transformer"), 8
 TACTICS = ("data_parallel", "megatron_dp", "fsdp", "fsdp_tp")
 MANUAL = ("manual_dp", "manual_megatron_dp", "manual_fsdp")
 PLANS = ("default",) + TACTICS + MANUAL
-TIE = 1.01  # estimated step times within 1% tie (search.objective.Objective's tolerance)
 PARITY = 1.05  # automap's bytes sent and memory at most this times jax.jit's with the same in_shardings
 
 
@@ -226,11 +222,6 @@ def dominated(default: Row, other: Row) -> bool:
     return default.sent > other.sent and default.memory > other.memory
 
 
-def faster(default: Row, other: Row) -> float:
-    """How many times faster the default plan's estimated step is than `other`'s (the cost model's time)."""
-    return other.estimate.time_s / default.estimate.time_s
-
-
 # --- output ---------------------------------------------------------------------------------------
 
 
@@ -314,8 +305,7 @@ def table(rows: list[Row], markdown: bool) -> list[str]:
                       _mark(f"{ratio:.2f}", abs(ratio - 1) > TOLERANCES[f.name], markdown)]
         if r.jit is not None:
             cells.append(" / ".join(_mark(f"{v:.2f}", v > PARITY, markdown) for v in r.parity().values()))
-            cells.append("-" if default is None else "no" if not dominated(default, r) else
-                         _mark("yes", faster(default, r) <= TIE, markdown) + f" (default {faster(default, r):.2f}x faster)")
+            cells.append("-" if default is None else _mark("yes", True, markdown) if dominated(default, r) else "no")
         else:
             cells += ["", ""]
         body.append(cells + [f"{r.estimate.time_s * 1e6:.0f} us", f"{r.seconds:.0f}"])
@@ -337,10 +327,7 @@ def summary(rows: list[Row]) -> list[str]:
     pairs = [(d, r) for d in ok if d.plan == "default" for r in manual if r.model == d.model]
     lines.append(f"not dominated ({len(pairs)} default vs manual pairs, XLA's measure): default dominated in "
                  f"{sum(dominated(d, r) for d, r in pairs)}"
-                 + "".join(f"; {d.model} by {r.plan} (default {faster(d, r):.2f}x faster by estimate)"
-                           for d, r in pairs if dominated(d, r))
-                 + f"; dominated and not faster by the estimated step time in "
-                   f"{sum(dominated(d, r) and faster(d, r) <= TIE for d, r in pairs)}")
+                 + "".join(f"; {d.model} by {r.plan}" for d, r in pairs if dominated(d, r)))
     if len(ok) < len(rows):
         lines.append(f"errors: {len(rows) - len(ok)} plans failed: "
                      + ", ".join(f"{r.model}/{r.plan}" for r in rows if r.error))
@@ -361,8 +348,7 @@ def run(models: list[str], plans: list[str], episodes: int | None, automap_optio
            "`manual_*` plans pin every input to a hand-written expert spec (`tactics.manual`), see the "
            "docstring of `benchmarks/fidelity.py`. Bytes sent are ring traffic per device (`wire_bytes`) on "
            "both sides. *dominates default*: this manual plan sends fewer bytes and takes less memory than "
-           "the default plan (XLA's measure), and how many times faster the default's estimated step is (bold: "
-           "not faster, within the 1% tie). *est. time*: the cost model's step time, what the search "
+           "the default plan (XLA's measure). *est. time*: the cost model's step time, what the search "
            "minimises. Under each table, the collectives `plan.verify` finds most different (estimated and "
            "XLA's count and bytes sent, the ops each side has them at) and the memory split of the rows "
            "outside a target.", ""]

@@ -85,7 +85,7 @@ def undominated(plans: list[Plan], tolerance: float = DOMINANCE_TOLERANCE) -> li
     """The plans no other plan dominates: sends fewer bytes *and* holds less memory, each by more
     than ``tolerance`` (relative). The fastest of this front are the expert candidates XLA
     measures last (:func:`search.mcts._alternatives`), so that the answer it keeps is dominated by
-    none of them as fast as it by XLA's measure (:func:`automap.arbiter.final_choice`).
+    none of them by XLA's measure.
 
     >>> import types
     >>> def plan(name, wire, peak):
