@@ -74,9 +74,10 @@ class Plan:
     def xla_lays_out(self) -> bool:
         """Whether the compiled program's intermediates are laid out as :mod:`automap.xla_layout`
         models XLA's propagation: nothing is pinned, or the arbiter kept the inputs-only program
-        (:mod:`automap.arbiter`), in a program without a loop (XLA gives a loop's carry one
-        layout for its init and body together, which the model does not follow: the scanned zoo
-        GPT's inputs-only FSDP program sent 1.41x the bytes estimated in it, 0.92x as planned)."""
+        (:mod:`automap.arbiter`), in a program without a loop (XLA can lay a loop's carry out as
+        its body wants and reshard the init, which the model does not follow: the scanned zoo
+        GPT's inputs-only FSDP program sent 1.41x the bytes estimated in it, 0.92x as planned;
+        :func:`automap.xla_layout.models`)."""
         from automap.xla_layout import models
 
         arbitration = self.measured.get("arbitration")
