@@ -216,8 +216,8 @@ def main() -> int:
     parser.add_argument("--configs", default="", help="(a): only these, comma-separated (of scan-none, scan-budget, "
                         "unroll-none, unroll-budget: scanned or unrolled, without a budget or under 0.8x data parallel's)")
     parser.add_argument("--meshes", default="", help=f"(a): only these meshes, comma-separated (of {', '.join(MESHES)})")
-    parser.add_argument("--ilp-evaluations", type=int, default=20000, help="(a): search.ILP(max_evaluations=...)")
-    parser.add_argument("--ilp-time-limit", type=float, default=600.0, help="(a): search.ILP(time_limit_s=...)")
+    parser.add_argument("--ilp-evaluations", type=int, default=30000, help="(a): search.ILP(max_evaluations=...)")
+    parser.add_argument("--ilp-time-limit", type=float, default=1800.0, help="(a): search.ILP(time_limit_s=...)")
     parser.add_argument("--measure", action="store_true", help="(a): also compile the plans and measure them")
     args = parser.parse_args()
     topo = Topology.preset(args.topology)
