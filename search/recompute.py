@@ -113,16 +113,18 @@ def without_user_remat(space: SearchSpace, answer: ShardingState,
         if len(candidates) < UNREMAT_CANDIDATES:
             candidates.setdefault(state.key(), state)
     orders: list[list[str]] | None = None
+    dropped_answer = drop_remat_state(answer)
     found = []
     for state in candidates.values():
-        before, dropped = space.score(state), drop_remat_state(state)
+        before = space.score(state)
+        dropped = dropped_answer if state is answer else drop_remat_state(state)
         score = space.rescore(dropped)
         n = len(state.program.remat_calls)
         if score.feasible:
             found.append(Recomputed(dropped, score, (), before, n))
             continue
         if orders is None:
-            orders = recompute_orders(space, drop_remat_state(answer))
+            orders = recompute_orders(space, dropped_answer)
         found.extend(dataclasses.replace(got, before=before, dropped=n)
                      for got in _fitted(space, dropped, orders, score))
     return sorted(found, key=lambda r: objective.key(r.score))

@@ -125,7 +125,7 @@ def estimate(state: ShardingState, topology: Topology | None = None, *, donated:
         if got[1] is not None:
             collectives.append(got[1])
             kept.append(r)
-    collectives = _combined(program, kept, collectives, axes, topology)
+    collectives = _combined(program, kept, collectives, axes, topology, priced)
     memory = estimate_memory(state, donated=donated, reshards=all_reshards)
     return Estimate(
         flops, dots, traffic, tuple(collectives), memory, compute, sum(c.time_s for c in collectives)
@@ -223,20 +223,20 @@ def _collective(r: Reshard, program: Program, axes: Mapping[str, int], topology:
 
 
 def _combined(program: Program, kept: list[Reshard], collectives: list[Collective], axes: Mapping[str, int],
-              topology: Topology) -> list[Collective]:
+              topology: Topology, priced: dict) -> list[Collective]:
     """The collectives with the latency taken off those XLA combines into an earlier one of
-    their group (see :mod:`automap.cost.combine`)."""
+    their group (see :mod:`automap.cost.combine`); each made once per (collective, group, pays
+    its latency) in ``priced`` (:func:`_priced`'s entry: states share most collectives, and most
+    keep their group from state to state)."""
     if not collectives:
         return collectives
     kinds = combined_kinds(topology)
     keys = combine_groups(program, kept)
     charged = latency_charges(keys, [c.bytes for c in collectives], kinds)
-    if len(_COMBINED) > 200_000:
-        _COMBINED.clear()
     out = []
     for c, pays, key in zip(collectives, charged, keys, strict=True):
-        memo_key = (id(c), key, pays)  # c is one of _priced's: its topology and mesh are this estimate's
-        got = _COMBINED.get(memo_key)
+        memo_key = ("combined", id(c), key, pays)  # c is one of priced's: this estimate's topology and mesh
+        got = priced.get(memo_key)
         if got is None or got[0] is not c:
             new = c
             if c.kind in kinds:
@@ -244,14 +244,9 @@ def _combined(program: Program, kept: list[Reshard], collectives: list[Collectiv
             if not pays:
                 latency = collective_time(c.kind, 0, c.axes, axes, topology) * c.count
                 new = dataclasses.replace(new, time_s=new.time_s - latency, combined=True)
-            got = _COMBINED[memo_key] = (c, new)  # c kept in the entry: its id is not reused while it lives
+            got = priced[memo_key] = (c, new)  # c kept in the entry: its id is not reused while it lives
         out.append(got[1])
     return out
-
-
-# (id(collective), combine group, pays its latency) -> (collective, as combined): states share most
-# collectives (see _priced), and most keep their group from state to state
-_COMBINED: dict[tuple, tuple] = {}
 
 
 def _ops_by_id(program: Program) -> Mapping[int, Op]:
@@ -265,8 +260,8 @@ _PRICED: dict[tuple, tuple] = {}
 
 
 def _priced(topology: Topology, state: ShardingState) -> dict[int, tuple]:
-    """id(reshard) -> (reshard, its :class:`Collective` or None), for one topology and mesh: the
-    same reshard objects recur from state to state (the topology, and each reshard, are kept in
+    """id(reshard) -> (reshard, its :class:`Collective` or None), and the combined collectives
+    (:func:`_combined`), for one topology and mesh: the same reshard objects recur from state to state (the topology, and each reshard, are kept in
     the entries, so that their ids are not reused while the entries live)."""
     key = (id(topology), state.mesh_key)
     got = _PRICED.get(key)
