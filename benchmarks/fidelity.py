@@ -29,7 +29,14 @@ it prints, per model, the three figures of issue 18:
    sent and more memory than the manual plan).
 
     python benchmarks/fidelity.py [--models a,b] [--plans p,q] [--quick] [--episodes N]
-                                  [--arbiter auto] [--pins anchors] [--markdown] [--out docs/fidelity.md]
+                                  [--workload FILE.py:FN ...] [--arbiter auto] [--pins anchors]
+                                  [--markdown] [--out docs/fidelity.md]
+
+``--workload FILE.py:FN`` (repeatable) adds your own model: ``FN()`` in ``FILE.py`` returns an
+:class:`automap.zoo.workload.Workload` (``make_workload`` in :mod:`automap.zoo.train` builds one
+from init/loss functions; see ``automap/zoo/corpus`` for flax, equinox and pure-JAX examples); the
+row is named ``FN`` and, with ``--models`` not given, only the added workloads run. Its
+``manual_megatron_dp`` plan takes :func:`automap.zoo.experts.megatron`'s specs.
 
 ``--pins``/``--arbiter`` compare emission policies (e.g. ``--pins anchors --arbiter none``, the
 policy before pins by plan decision, against the defaults). ``--markdown`` prints the tables as Markdown; ``--out FILE`` writes them to FILE (committed
@@ -385,6 +392,32 @@ def run(models: list[str], plans: list[str], episodes: int | None, automap_optio
     return rows
 
 
+def load_workload(where: str) -> tuple[str, Callable[[], Any]]:
+    """``FILE.py:FN`` -> (``FN``, the builder ``FN`` of that file), for ``--workload``.
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+    ...     _ = f.write("def tiny():\\n    return 'a workload'\\n")
+    >>> name, build = load_workload(f.name + ":tiny")
+    >>> name, build()
+    ('tiny', 'a workload')
+    """
+    import importlib.util
+
+    path, sep, fn = where.rpartition(":")
+    if not sep or not path.endswith(".py") or not fn.isidentifier():
+        raise ValueError(f"--workload wants FILE.py:FUNCTION, got {where!r}")
+    spec = importlib.util.spec_from_file_location(f"workload_{fn}", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--workload: cannot import {path!r}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    build = getattr(module, fn, None)
+    if not callable(build):
+        raise ValueError(f"--workload: {path!r} has no function {fn!r}")
+    return fn, build
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", help=f"comma-separated, from {', '.join(MODELS)} (default: all)")
@@ -395,10 +428,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="automap's arbiter option (default: automap's)")
     parser.add_argument("--pins", choices=("plan", "anchors", "all", "none"),
                         help="automap's pin policy, automap.emit.pinned_values (default: automap's)")
+    parser.add_argument("--workload", action="append", default=[], metavar="FILE.py:FN",
+                        help="add a model: FN() in FILE.py returns a Workload (repeatable)")
     parser.add_argument("--markdown", action="store_true", help="print the tables as Markdown too")
     parser.add_argument("--out", help="write the Markdown tables to this file")
     args = parser.parse_args(argv)
-    models = args.models.split(",") if args.models else list(QUICK_MODELS if args.quick else MODELS)
+    added = dict(load_workload(w) for w in args.workload)
+    MODELS.update(added)
+    models = (args.models.split(",") if args.models else list(added) if added
+              else list(QUICK_MODELS if args.quick else MODELS))
     plans = args.plans.split(",") if args.plans else list(PLANS)
     for given, known in ((models, MODELS), (plans, PLANS)):
         unknown = [x for x in given if x not in known]

@@ -1,5 +1,6 @@
-"""`python benchmarks/fidelity.py` on the MLP with one plan of each kind: the Markdown table has
-one row per plan, every estimated / XLA ratio and the jax.jit parity are finite and positive."""
+"""`python benchmarks/fidelity.py` on an MLP given as a user's own workload (``--workload
+FILE.py:FN``) with one plan of each kind: the Markdown table has one row per plan, every
+estimated / XLA ratio and the jax.jit parity are finite and positive."""
 import math
 import os
 import re
@@ -13,12 +14,15 @@ PLANS = ["data_parallel", "manual_dp", "manual_fsdp"]
 def test_fidelity_table(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    out = tmp_path / "fidelity.md"
-    run = subprocess.run([sys.executable, "benchmarks/fidelity.py", "--models", "mlp", "--plans", ",".join(PLANS),
-                          "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out, model = tmp_path / "fidelity.md", tmp_path / "my_model.py"
+    model.write_text("from automap import zoo\n\n\ndef my_mlp():\n"
+                     "    return zoo.mlp(zoo.MLPConfig(d_in=64, hidden=(256, 256), d_out=64, batch=8))\n")
+    run = subprocess.run([sys.executable, "benchmarks/fidelity.py", "--workload", f"{model}:my_mlp", "--plans",
+                          ",".join(PLANS), "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = out.read_text().splitlines()
-    assert "## mlp" in lines and "## Summary" in lines
+    assert "## my_mlp" in lines and "## mlp" not in lines and "## Summary" in lines
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
     head, body = rows[0], rows[1:]
     assert [r[0] for r in body] == PLANS
