@@ -195,35 +195,66 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             out.append((pos, "all-gather", gather, _per_device(nbytes, after, sizes), "operand"))
         if move:
             out.append((pos, "all-to-all", move, _per_device(nbytes, actual, sizes), "operand"))
-    partial = tuple(a for f in rule.reduction_factors for a in fax.get(f, ()))
+    groups = [axes for f in rule.reduction_factors if (axes := fax.get(f, ()))]
+    contraction = traits_of(op.primitive).contraction is not None
     for pos, (vid, dims) in enumerate(zip(op.linked_outputs, rule.results, strict=True)):
-        if not dims and not partial:
+        if not dims and not groups:
             continue
         actual = state.spec(vid)
         implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
         nbytes = program.values[vid].nbytes
-        in_actual = {a for axes in actual for a in axes}
-        # a partial sum is scattered over an axis the result wants where the op leaves that dim's
-        # axes a prefix of the wanted ones (else the scattered blocks are not the wanted tiling:
-        # XLA all-reduces and then reshards)
-        scatter = tuple(a for a in partial if a in in_actual and not any(a in i for i in implied)
-                        and all(i == w[: len(i)] for i, w in zip(implied, actual) if a in w))
         here = n_in + pos
-        if scatter:
-            out.append((here, "reduce-scatter", scatter, _per_device(nbytes, implied, sizes), "result"))
-        # XLA all-reduces the partial sum of each sharded reduction factor on its own (a dot
-        # contracting the batch on 'data' and the sequence on 'model': over 'model', then over
-        # 'data'), not once over the axes together
-        for f in rule.reduction_factors:
-            reduce = tuple(a for a in fax.get(f, ()) if a not in scatter)
-            if reduce:
-                out.append((here, "all-reduce", reduce, _per_device(nbytes, implied, sizes), "result"))
+        if groups:
+            whole = _per_device(nbytes, implied, sizes)
+            for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
+                out.append((here, kind, axes, whole // share, "result"))
         gather, move = _diff(implied, actual)
         if gather:
             out.append((here, "all-gather", gather, _per_device(nbytes, actual, sizes), "result"))
         if move:
             out.append((here, "all-to-all", move, _per_device(nbytes, implied, sizes), "result"))
     return tuple(out)
+
+
+def _partial_sum(groups: list[Axes], implied: Spec, actual: Spec, contraction: bool,
+                 sizes: dict[str, int]) -> list[tuple[CollectiveKind, Axes, int]]:
+    """How XLA's partitioner (jax 0.10.2, mesh 2x4) sums a partial result whose reduction factors
+    run on ``groups`` (one group of axes per factor) into the layout ``actual`` (the op computes
+    ``implied``): (kind, axes, the share of the whole result each collective moves).
+
+    - A contraction (its dot partitioner) whose result keeps a slice of the partial axes along one
+      dim alone (that dim's further axes all partial, the computed axes a prefix) reduce-scatters
+      over them first and all-reduces the rest per factor on the scattered piece: k on (data,
+      model) into a result on data, a reduce-scatter over data and an all-reduce over model of
+      half the result (10 KiB sent for a 8 KiB result, not 16). Kept along several dims, each
+      dim's partial axes are all-reduced whole, one group at a time (k on (data, model) into rows
+      on model and columns on data: an all-reduce over model and one over data, 20 KiB); kept
+      along one dim with other axes (rows on (data, model), k on data), all-reduced whole.
+    - Any other reduction (reduce, gather's lookup) all-reduces each factor whole, the factor of
+      the lowest dim last, and slices the result: that last all-reduce is a reduce-scatter where
+      the slice keeps exactly its group's share (a sum over a dim on (data, model) into a result
+      on data: one all-reduce over both axes, 224 B sent for 128 B, not a reduce-scatter and an
+      all-reduce, 256 B).
+    Each factor's axes are all-reduced on their own, not together (a dot contracting the batch on
+    'data' and the sequence on 'model': over 'model', then over 'data')."""
+    partial = {a for axes in groups for a in axes}
+    kept = [tuple(a for a in w if a not in i) if w[: len(i)] == i else None for i, w in zip(implied, actual)]
+    if contraction:
+        dims = [d for d, w in enumerate(actual) if any(a in partial for a in w)]
+        if len(dims) == 1 and kept[dims[0]] and set(kept[dims[0]]) <= partial:
+            scatter = kept[dims[0]]
+            share = math.prod(sizes[a] for a in scatter)
+            rest = [r for axes in groups if (r := tuple(a for a in axes if a not in scatter))]
+            return [("reduce-scatter", scatter, 1)] + [("all-reduce", r, share) for r in rest]
+        peeled = [tuple(a for a in actual[d] if a in partial) for d in dims] if len(dims) > 1 else []
+        done = {a for axes in peeled for a in axes}
+        rest = [r for axes in groups if (r := tuple(a for a in axes if a not in done))]
+        return [("all-reduce", axes, 1) for axes in peeled + rest]
+    out: list[tuple[CollectiveKind, Axes, int]] = [("all-reduce", axes, 1) for axes in reversed(groups)]
+    sliced = [a for k in kept if k for a in k]
+    if all(k is not None for k in kept) and sorted(sliced) == sorted(groups[0]):
+        out[-1] = ("reduce-scatter", groups[0], 1)
+    return out
 
 
 def note_derived(new: ShardingState, old: ShardingState, changed: Iterable[int]) -> None:
