@@ -81,9 +81,14 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
                     other = _templates(op, state, alt)
                     if _moved(other) < _moved(templates):
                         fax, templates = alt, other
+        detour = 1
         if op.primitive == "dot_general":
             fax, templates = _result_layout_first(op, state, fax, templates)
-        templates, detour = _idle_axis_detours(op, state, fax, templates)
+            gathered = _whole_partner_gathers(op, state, fax)
+            if gathered is not None:  # measured: no detour over an idle axis then
+                fax, templates = gathered
+            else:
+                templates, detour = _idle_axis_detours(op, state, fax, templates)
         pieces = math.prod(sizes[a] for ax in fax.values() for a in ax) * detour
         got = sol.analysis = (fax, templates, pieces)
     return got
@@ -98,6 +103,34 @@ def _result_layout_first(op: Op, state: ShardingState, fax: dict[int, Axes], tem
     if not gathered:
         return fax, templates
     alt = {f: kept for f, axes in fax.items() if (kept := tuple(a for a in axes if a not in gathered))}
+    return alt, _templates(op, state, alt)
+
+
+def _whole_partner_gathers(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple[dict, tuple] | None:
+    """(factor axes, templates), or None where it does not apply, of a contraction whose summed dims one operand splits while the
+    other operand is whole on every mesh axis: XLA's dot partitioner all-gathers the split operand
+    and runs the dot whole on those axes, rather than summing partial results (measured on jax
+    0.10.2: ``ecd,tec->td`` and ``mk,kn->mn`` with the split operand 0.6x to 32x the result, the
+    result wanted whole or split on a dim of the whole operand; the routed tokens of a Switch MoE
+    whose batch stays whole). Where the other operand is split on some axis, or the result wants
+    the gathered axes on a dim of the split operand, XLA does otherwise: left as it was."""
+    rule = op.rule
+    summed = {a for f in rule.reduction_factors for a in fax.get(f, ())}
+    if not summed or len(op.linked_inputs) != 2:
+        return None
+    whole = [i for i, v in enumerate(op.linked_inputs) if not any(state.spec(v))]
+    if len(whole) != 1:
+        return None
+    split_factors = {f for fs in rule.operands[1 - whole[0]] for f in fs}
+    for v, dims in zip(op.linked_outputs, rule.results, strict=True):
+        for axes, fs in zip(state.spec(v), dims, strict=True):
+            if summed & set(axes) and split_factors & set(fs):
+                return None
+    alt = {f: kept for f, axes in fax.items() if (kept := tuple(a for a in axes if a not in summed))}
+    for v, dims in zip(op.linked_outputs, rule.results, strict=True):  # the result's slice of the whole operand
+        for axes, fs in zip(state.spec(v), dims, strict=True):
+            if len(fs) == 1 and fs[0] not in alt and set(axes) <= summed and axes:
+                alt[fs[0]] = axes
     return alt, _templates(op, state, alt)
 
 

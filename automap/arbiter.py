@@ -128,7 +128,7 @@ def arbitrate(candidates: dict[str, Callable[[], Any]], abstract_args: list[Any]
 
 
 def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, Any, Any], ...],
-                 measure_state: Callable[[Any], Measurement]) -> tuple[Any, str]:
+                 measure_state: Callable[[Any], Measurement], budget: int | None = None) -> tuple[Any, str]:
     """XLA arbitrates the search's final candidates: the answer, the expert ceiling plan, the next
     best and the expert compositions of the (bytes, memory) front, each ``(label, state, score)``.
     Each is compiled and measured (``measure_state``). A candidate is admitted when its measured
@@ -139,7 +139,10 @@ def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, An
     within :data:`MEMORY_SLACK`, as :func:`prefer` trades them, and better in one by more than
     :data:`BYTES_TIE`; strictly better in both where that would drop every candidate) is dropped:
     the answer is never worse in both than an expert plan XLA measured. Of the rest, the fastest
-    by the cost model's time is kept. Returns (its state, a note for the plan's report).
+    by the cost model's time is kept. Under a memory ``budget`` (bytes per device) only the
+    candidates XLA measures within it compete, where any is (the estimate may put a plan under the
+    budget that XLA's program exceeds); where none of those passes the ceiling, the fastest of
+    them is kept. Returns (its state, a note for the plan's report).
 
     >>> import types
     >>> from automap.measure import CollectiveOp, MemoryStat
@@ -155,9 +158,14 @@ def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, An
     >>> final_choice(("answer", "a", fast(1.0)), (("expert ceiling", "e", fast(1.2)), ("next best", "n", fast(1.1)),
     ...              ("expert (f)", "f", fast(3.0))), measured.__getitem__)[0]  # f is leaner in both than n
     'f'
+    >>> measured = {"a": m(500, 101), "n": m(520, 99)}  # the answer measured over a budget of 100, n within
+    >>> final_choice(("answer", "a", fast(1.0)), (("next best", "n", fast(1.1)),), measured.__getitem__, budget=100)[0]
+    'n'
     """
-    got = [(label, state, score, measure_state(state)) for label, state, score in (answer,) + tuple(alternatives)]
-    ceiling = next((c for c in got if c[0].startswith("expert ceiling")), got[0])[3]
+    measured = [(label, state, score, measure_state(state)) for label, state, score in (answer,) + tuple(alternatives)]
+    ceiling = next((c for c in measured if c[0].startswith("expert ceiling")), measured[0])[3]
+    fit = [c for c in measured if budget is None or (c[3].memory_per_device or 0) <= budget]
+    got = fit or measured  # where nothing fits by XLA's measure, the budget cannot choose
 
     def admitted(m: Measurement) -> bool:
         return (m.wire_bytes <= ceiling.wire_bytes * (1 + BYTES_TIE)
@@ -173,8 +181,10 @@ def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, An
 
     # no worse in both within MEMORY_SLACK (as :func:`prefer` trades them) and better in one; where
     # that leaves nothing (candidates within the slack of each other), strictly better in both
-    pool = undominated(MEMORY_SLACK) or undominated(-BYTES_TIE)
+    pool = undominated(MEMORY_SLACK) or undominated(-BYTES_TIE) or (got if len(got) < len(measured) else [])
     kept = min(pool, key=lambda c: c[2].time_s)
     figures = "; ".join(f"{label} {human_bytes(m.wire_bytes)} sent, {human_bytes(m.memory_per_device or 0)} "
-                        f"memory, estimated {score.time_s * 1e3:.3f} ms" for label, _, score, m in got)
-    return kept[1], f"search arbiter: kept the {kept[0]}; measured by XLA: {figures}"
+                        f"memory, estimated {score.time_s * 1e3:.3f} ms" for label, _, score, m in measured)
+    within = "" if budget is None else (f"; {len(fit)} of {len(measured)} within the budget of {human_bytes(budget)}"
+                                        if fit else f"; none within the budget of {human_bytes(budget)}")
+    return kept[1], f"search arbiter: kept the {kept[0]}; measured by XLA: {figures}{within}"

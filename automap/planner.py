@@ -123,7 +123,12 @@ def make_plan(
             notes = notes + more
         elif found.alternatives and affordable(arbiter, program):  # XLA decides last
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
-            state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state)
+            budget = None
+            if memory_budget is not None:
+                from search.planning import budget_bytes
+
+                budget = budget_bytes(memory_budget, topology or default_topology())
+            state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state, budget)
             notes = notes + (note,)
 
     state, out_specs = _tie_outputs(state, program, pairs)

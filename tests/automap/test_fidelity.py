@@ -323,3 +323,29 @@ def test_a_scanned_plan_that_decided_only_its_inputs_is_pinned_as_planned():
     fid = step.verify(*args, warn=False)
     assert fid.dot_flops.measured == fid.dot_flops.estimated
     assert fid.bytes_sent.measured <= fid.bytes_sent.estimated
+
+
+def test_the_final_choice_under_a_budget_keeps_a_candidate_xla_measures_within_it():
+    """A flax T5 under 0.8x its leanest expert plan's memory: the search's answer fitted the
+    budget by estimate (1,335,572 B) but XLA measured 1,381,212 B, 1.003x the budget of
+    1,377,350 B, while the next best measured within it; the arbiter kept the answer."""
+    from types import SimpleNamespace
+
+    from automap.arbiter import final_choice
+    from automap.measure import CollectiveOp, Measurement, MemoryStat
+
+    def m(sent, memory):
+        op = CollectiveOp("all-gather", 2 * sent, 1, [[0, 1]], "ag", "main", group_size=2)
+        return Measurement({}, MemoryStat(memory, 0, 0, 0), 0, [op])
+
+    measured = {"a": m(996, 1381), "n": m(1020, 1290), "x": m(1021, 1300), "o": m(900, 1380)}
+    fast = lambda t: SimpleNamespace(time_s=t)  # noqa: E731
+    candidates = (("answer", "a", fast(3.3)), (("next best", "n", fast(4.1)), ("expert (x)", "x", fast(4.5))))
+    assert final_choice(*candidates, measured.__getitem__)[0] == "a"  # no budget: the fastest admitted
+    state, note = final_choice(*candidates, measured.__getitem__, budget=1377)
+    assert state == "n" and note.endswith("2 of 3 within the budget of 1.3 KiB")
+    # a candidate over the budget, leaner than the fitting ones in both, drops neither of them
+    over = (candidates[0], candidates[1] + (("expert (o)", "o", fast(5.0)),))
+    assert final_choice(*over, measured.__getitem__, budget=1377)[0] == "n"
+    # nothing within the budget: chosen as without one
+    assert final_choice(*candidates, measured.__getitem__, budget=1000)[0] == "a"

@@ -81,8 +81,25 @@ def test_an_elementwise_op_reshards_its_small_operand_not_its_large_one():
     assert abs(est.peak_memory_bytes / xla.memory_per_device - 1) < 0.01
 
 
-def _spec(axes):
-    return tuple((a,) if a else () for a in axes)
+def _spec(axes, ndim):
+    return tuple((a,) if a else () for a in axes) + ((),) * (ndim - len(axes))
+
+
+def _einsum_against_xla(eq, shapes, specs, first):
+    """(estimate, XLA's measure) of ``einsum(eq, x, w)`` on a data=2 x model=4 mesh, x, w and the
+    result laid out by ``specs`` (PartitionSpec entries, trailing dims whole); the values at
+    positions ``first`` decided earliest (the others resharded to them)."""
+    fn = lambda x, w: jnp.einsum(eq, x, w)  # noqa: E731
+    args = [jnp.ones(s) for s in shapes]
+    prog = lower(jax.make_jaxpr(fn)(*args), ["x", "w"], ["out"])
+    values = (*prog.inputs, *prog.outputs)
+    decided = {values[i] for i in first}
+    state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(
+        specs={v: _spec(s, prog.values[v].ndim) for v, s in zip(values, specs, strict=True)},
+        priority={(v, d): 0 if v in decided else 1 for v, s in zip(values, specs) for d, a in enumerate(s) if a})
+    mesh = automap.make_mesh({"data": 2, "model": 4})
+    x_s, w_s, out_s = (NamedSharding(mesh, P(*s)) for s in specs)
+    return estimate(state), automap.measure(jax.jit(fn, in_shardings=(x_s, w_s), out_shardings=out_s).lower(*args).compile())
 
 
 @pytest.mark.parametrize("name, eq, shapes, specs, first, want", [
@@ -101,18 +118,7 @@ def test_a_dot_leaving_a_mesh_axis_idle_is_split_over_it_too(name, eq, shapes, s
     is at least as large as the group of a reshard the dot needs, and moves the pieces with a
     collective-permute: twice the bytes of the plain all-gather or reduce-scatter, which the
     estimate said (0.60 of XLA's bytes sent on the einsum MoE's default plan)."""
-    fn = lambda x, w: jnp.einsum(eq, x, w)  # noqa: E731
-    args = [jnp.ones(s) for s in shapes]
-    prog = lower(jax.make_jaxpr(fn)(*args), ["x", "w"], ["out"])
-    values = (*prog.inputs, *prog.outputs)
-    decided = {values[i] for i in first}  # their decisions the earliest: the other side is resharded
-    state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(
-        specs={v: _spec(s) for v, s in zip(values, specs, strict=True)},
-        priority={(v, d): 0 if v in decided else 1 for v, s in zip(values, specs) for d, a in enumerate(s) if a})
-    est = estimate(state)
-    mesh = automap.make_mesh({"data": 2, "model": 4})
-    x_s, w_s, out_s = (NamedSharding(mesh, P(*s)) for s in specs)
-    xla = automap.measure(jax.jit(fn, in_shardings=(x_s, w_s), out_shardings=out_s).lower(*args).compile())
+    est, xla = _einsum_against_xla(eq, shapes, specs, first)
     assert est.comm_bytes == {k: c.bytes * c.count for k, c in xla.collectives.items()} == want
     assert est.wire_bytes == xla.wire_bytes
     assert est.dot_flops == xla.dot_flops
@@ -178,3 +184,22 @@ def test_a_partial_sum_is_resolved_as_xlas_partitioner_resolves_it(name, fn, sha
     xla = automap.measure(jax.jit(fn, in_shardings=tuple(ins), out_shardings=out).lower(*args).compile())
     assert got == sorted((op.kind, op_axes(op, mesh_axes), op.bytes) for op in xla.ops) == want
     assert estimate(state).wire_bytes == xla.wire_bytes
+
+
+@pytest.mark.parametrize("eq, shapes, specs, want", [
+    # a Switch MoE's combine gradient: the expert outputs split on the experts, the routing mask whole
+    ("ecd,tec->td", [(8, 20, 64), (128, 8, 20)], [("model",), (), ()], {"all-gather": 40960}),
+    # the split operand 32x the result, the result wanted on a dim of the whole operand
+    ("ecd,tec->td", [(8, 64, 256), (16, 8, 64)], [("model",), (), ("model",)], {"all-gather": 524288}),
+    # over data, model idle: no detour over it
+    ("mk,kn->mn", [(64, 512), (512, 64)], [(None, "data"), (), ()], {"all-gather": 131072}),
+])
+def test_a_dot_whose_summed_dim_only_one_operand_splits_gathers_it(eq, shapes, specs, want):
+    """A contraction whose summed dim one operand splits while the other is whole: XLA
+    all-gathers the split operand and runs the dot whole, where the estimate summed partial
+    results and all-reduced them (0.63x XLA's bytes sent on a Switch MoE's expert-parallel plan,
+    the dot FLOPs 0.86x)."""
+    est, xla = _einsum_against_xla(eq, shapes, specs, (0, 1, 2))
+    assert est.comm_bytes == {k: c.bytes * c.count for k, c in xla.collectives.items()} == want
+    assert est.wire_bytes == xla.wire_bytes
+    assert est.dot_flops == xla.dot_flops
