@@ -45,6 +45,15 @@ def _sequence(params, batch):  # (batch, seq, features) with a position embeddin
     return jnp.mean(jnp.tanh(h @ params["w1"]))
 
 
+def _recurrent(params, batch):  # (batch, seq, features) scanned over seq from a zero state
+    def cell(h, x):  # the carry starts as a constant, then holds the data: not a weight
+        h = jnp.tanh(h @ params["wh"] + x @ params["wx"])
+        return h, h
+    h0 = jnp.zeros((batch["x"].shape[0], params["wh"].shape[0]))
+    h, _ = jax.lax.scan(cell, h0, jnp.swapaxes(batch["x"], 0, 1))
+    return jnp.mean(h ** 2)
+
+
 BATCH_FIRST = {"w1": _sds(16, 32), "w2": _sds(32, 4)}
 FEATURES_FIRST = {"w1": _sds(32, 16), "w2": _sds(4, 32)}
 
@@ -64,6 +73,8 @@ ROWS = [
      {"x": _sds(8, 16), "weight": _sds(8), "temperature": _sds()}, {"data": 4},
      {"x": P("data"), "weight": P("data"), "temperature": P()}, ["batch/weight[0]"]),
     ("sequence", _sequence, {"pos": _sds(8, 16), "w1": _sds(16, 4)}, {"x": _sds(8, 8, 16)}, {"data": 8},
+     {"x": P("data")}, ["batch dims batch/x[0]"]),
+    ("recurrent-zero-state", _recurrent, {"wh": _sds(8, 8), "wx": _sds(16, 8)}, {"x": _sds(8, 4, 16)}, {"data": 8},
      {"x": P("data")}, ["batch dims batch/x[0]"]),
     ("not-divisible", _batch_first, BATCH_FIRST, {"x": _sds(6, 16), "y": _sds(6, 4)}, {"data": 4},
      {"x": P(), "y": P()}, ["skips batch/x", "not divisible by 4", "no batch dim divisible by the axis; nothing done"]),
