@@ -383,7 +383,7 @@ class Partitioned:
                 self._compiled[id(plan)] = (program(plan.pins)(), None)
             else:
                 candidates = {"pinned": program(plan.pins), "inputs-only": program(frozenset())}
-                arbitration = arbitrate(candidates, [abstractify(x) for x in args])
+                arbitration = arbitrate(candidates, [abstractify(x) for x in args], reference="inputs-only")
                 plan.measured["arbitration"] = arbitration
                 self._compiled[id(plan)] = (arbitration.kept.jitted, arbitration.kept.compiled)
         return self._compiled[id(plan)]

@@ -88,6 +88,26 @@ def test_arbiter_keeps_the_program_xla_measures_better(arbiter, kept):
         assert "measured (XLA): compiled: kept the inputs-only program" in plan.report()
 
 
+def test_arbiter_keeps_jit_program_over_one_trading_bytes_for_memory():
+    """A pinned program that sends fewer bytes (none) but holds 4x the memory of jax.jit's is not
+    within 5% of it in both figures: the arbiter keeps jax.jit's (prefer alone kept the pinned)."""
+    from jax.sharding import NamedSharding
+
+    from automap.arbiter import arbitrate, prefer
+    mesh = automap.make_mesh({"data": 8})
+    fn = lambda x: (2 * x).sum()  # noqa: E731
+    rows = NamedSharding(mesh, P("data"))
+    candidates = {"pinned": lambda: jax.jit(fn, in_shardings=NamedSharding(mesh, P())),  # replicated: no bytes
+                  "inputs-only": lambda: jax.jit(fn, in_shardings=rows)}  # local sums, one all-reduce
+    args = [jax.ShapeDtypeStruct((64, 256), jnp.float32)]
+    kept = arbitrate(candidates, args, reference="inputs-only")
+    (pinned,) = kept.others
+    assert (kept.kept.name, pinned.name) == ("inputs-only", "pinned")
+    assert pinned.bytes_sent == 0 < kept.kept.bytes_sent and pinned.memory > 3 * kept.kept.memory
+    assert not prefer(pinned.measurement, kept.kept.measurement)  # the bytes order alone keeps the pinned
+    assert arbitrate(candidates, args).kept.name == "pinned"
+
+
 def test_arbiter_option_is_checked():
     with pytest.raises(ValueError, match="arbiter must be 'auto', 'always', 'search' or None"):
         automap.partition(jnp.sin, mesh=automap.make_mesh({"data": 8}), arbiter="yes")
