@@ -130,6 +130,11 @@ def make_plan(
                 budget = budget_bytes(memory_budget, topology or default_topology())
             state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state, budget)
             notes = notes + (note,)
+            if budget is not None and (measure_state(state).memory_per_device or 0) > budget:
+                state, more = _search_within_measure(state, measure_state, lambda b: run_search(
+                    search, before, topology=topology, memory_budget=b, donated=donated, data_inputs=data_inputs,
+                    context=ctx, keep_user_remat=keep_user_remat)[:2], budget, topology, donated)
+                notes = notes + more
 
     state, out_specs = _tie_outputs(state, program, pairs)
     plan = Plan(
@@ -173,6 +178,42 @@ def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, r
     return state, notes
 
 
+SCALED_SEARCHES = 3  # at most this many searches again under a budget scaled by XLA's measure
+
+
+def _search_within_measure(state: ShardingState, measure_state: Callable, research: Callable, budget: int,
+                           topology: Any, donated: Any) -> tuple[ShardingState, tuple[str, ...]]:
+    """The search's final candidates all measured over the budget by XLA: the search runs again
+    under the budget scaled by what XLA measured against the estimate of the last plan (the
+    estimate's own error, calibrated on this program), XLA arbitrating its final candidates as
+    before, until a plan fits by XLA's measure (at most :data:`SCALED_SEARCHES` times: the error
+    differs from plan to plan); the plan XLA measures smallest is kept."""
+    from automap.cost import estimate
+    from search.planning import MemoryBudgetError
+
+    kept, kept_got = state, measure_state(state).memory_per_device or 0
+    last, got, lines = state, kept_got, []
+    for _ in range(SCALED_SEARCHES):
+        scaled = int(budget * estimate(last, topology, donated=tuple(donated)).peak_memory_bytes / got)
+        try:
+            last, refound = research(scaled)
+        except MemoryBudgetError:
+            lines.append(f"no plan within {human_bytes(scaled)} by estimate")
+            break
+        if refound.alternatives:
+            last = final_choice(("answer", last, refound.score), refound.alternatives, measure_state, budget)[0]
+        got = measure_state(last).memory_per_device or 0
+        lines.append(f"under {human_bytes(scaled)} by estimate: {human_bytes(got)} by XLA's measure")
+        if got < kept_got:
+            kept, kept_got = last, got
+        if got <= budget:
+            break
+    verdict = "within" if kept_got <= budget else "still over"
+    return kept, (f"search: every final candidate over the budget of {human_bytes(budget)} by XLA's measure; "
+                  f"searched again under the budget scaled by XLA's measure over the estimate: {'; '.join(lines)}; "
+                  f"kept {human_bytes(kept_got)} ({verdict})",)
+
+
 def _tie_outputs(state: ShardingState, program: Program, pairs: dict[int, int]) -> tuple[ShardingState, list]:
     """Outputs that feed back as inputs keep the input's sharding (no resharding between steps)."""
     out_specs = [state.spec(v) for v in program.outputs]
@@ -190,7 +231,7 @@ def _tie_outputs(state: ShardingState, program: Program, pairs: dict[int, int]) 
 def _state_measurer(traced: Traced, program: Program, mesh: Mesh, pairs: dict[int, int],
                     pins: emit.PinPolicy) -> Callable[[ShardingState], Any]:
     """A function compiling a search state as the plan would (pinned, fed-back outputs tied;
-    no donation) and returning XLA's measure of it."""
+    no donation) and returning XLA's measure of it (each state compiled once)."""
     import jax
     from jax.sharding import NamedSharding
 
@@ -200,10 +241,14 @@ def _state_measurer(traced: Traced, program: Program, mesh: Mesh, pairs: dict[in
     args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in traced.in_avals]
     mesh = _compat.auto_view(mesh)  # emitted on the Auto view, as the call does
 
+    seen: dict[int, tuple[ShardingState, Any]] = {}  # id -> (the state, kept alive; its measure)
+
     def measure_state(state: ShardingState) -> Any:
-        state, out_specs = _tie_outputs(state, program, pairs)
-        outs = [NamedSharding(mesh, to_partition_spec(s)) for s in out_specs]
-        jitted = emit.compile_plan(state, mesh, pins=emit.pinned_values(state, pins), out_specs=outs)
-        return measure(jitted.lower(*args).compile())
+        if id(state) not in seen:
+            tied, out_specs = _tie_outputs(state, program, pairs)
+            outs = [NamedSharding(mesh, to_partition_spec(s)) for s in out_specs]
+            jitted = emit.compile_plan(tied, mesh, pins=emit.pinned_values(tied, pins), out_specs=outs)
+            seen[id(state)] = (state, measure(jitted.lower(*args).compile()))
+        return seen[id(state)][1]
 
     return measure_state
