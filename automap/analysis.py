@@ -115,8 +115,9 @@ def _whole_partner_gathers(op: Op, state: ShardingState, fax: dict[int, Axes]) -
     ``mk,kn->mn`` with the split operand 0.6x to 32x the result, over 'model' and over 'data'
     ('model' idle), the result whole or split on a dim of the whole operand (the routed tokens of
     a Switch MoE whose batch stays whole). None where it does not apply: the other operand split
-    on some axis, or the result wanting the gathered axes on a dim of the split operand (XLA does
-    otherwise there)."""
+    on some axis, the split operand split on a dim it keeps too (``exp(x) @ w``, its rows on 'data'
+    and its features on 'model': XLA all-reduces the partial result over 'model'), or the result
+    wanting the gathered axes on a dim of the split operand (XLA does otherwise there)."""
     rule = op.rule
     summed = {a for f in rule.reduction_factors for a in fax.get(f, ())}
     if not summed or len(op.linked_inputs) != 2:
@@ -124,7 +125,11 @@ def _whole_partner_gathers(op: Op, state: ShardingState, fax: dict[int, Axes]) -
     whole = [i for i, v in enumerate(op.linked_inputs) if not any(state.spec(v))]
     if len(whole) != 1:
         return None
-    split_factors = {f for fs in rule.operands[1 - whole[0]] for f in fs}
+    split, split_dims = op.linked_inputs[1 - whole[0]], rule.operands[1 - whole[0]]
+    reduction = set(rule.reduction_factors)
+    if any(axes and not set(fs) <= reduction for axes, fs in zip(state.spec(split), split_dims, strict=True)):
+        return None  # split on a kept dim too (rows on data, the sum on model): XLA sums partial results
+    split_factors = {f for fs in split_dims for f in fs}
     for v, dims in zip(op.linked_outputs, rule.results, strict=True):
         for axes, fs in zip(state.spec(v), dims, strict=True):
             if summed & set(axes) and split_factors & set(fs):
