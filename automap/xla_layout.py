@@ -16,9 +16,11 @@ strategy), through automap's factor rules:
 - at an op, each factor takes the axes its linked values agree on (the longest where one's axes
   extend another's; where they disagree, only their common prefix: no decision wins);
 - where factors want the same axis on one value, the factor whose proposing value holds more
-  elements takes it (then the earlier value, then the earlier factor; a convolution's input
-  counts its window dims, which automap's rule leaves without a factor): an activation split on the batch
-  and a larger weight split on its output features over one axis give the result the features;
+  elements takes it (then, at an elementwise op, the factor split more ways; then the earlier
+  value, then the earlier factor; a convolution's input counts its window dims, which automap's
+  rule leaves without a factor): an activation split on the batch and a larger weight split on
+  its output features over one axis give the result the features, and so do a batch split on
+  'data' and a same-size feature split on ('data', 'model') at a multiply;
 - a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
   of an elementwise op takes no more axes sideways than its result holds;
 - ops are taken in program order, the ops of a value just extended next (MLIR's greedy rewrite
@@ -204,7 +206,11 @@ def _step(op: Op, level: int, specs: dict, fixed: frozenset, sizes: Mapping[str,
             got = cur[t].get(f, ())
             if got[: len(wanted[f])] == wanted[f] and len(got) >= len(wanted[f]) and size > source.get(f, (-1, 0))[0]:
                 source[f] = (size, t)
-    order = sorted(wanted, key=lambda f: (-source.get(f, (-1, 0))[0], source.get(f, (-1, 0))[1], f))
+    # at an elementwise op, a tie in size goes to the factor split more ways (Shardy's aggressive strategy)
+    spread = _same_dims(dims_of, n_operands)
+    order = sorted(wanted, key=lambda f: (-source.get(f, (-1, 0))[0],
+                                          -math.prod(sizes[a] for a in wanted[f]) if spread else 0,
+                                          source.get(f, (-1, 0))[1], f))
     changed = []
     for t in list(range(n_operands, len(linked))) + list(range(n_operands)):
         vid = linked[t]
@@ -244,6 +250,13 @@ def _step(op: Op, level: int, specs: dict, fixed: frozenset, sizes: Mapping[str,
                 cur[t] = fax
                 changed.append(vid)
     return changed
+
+
+def _same_dims(dims_of: Sequence, n_operands: int) -> bool:
+    """Elementwise in Shardy's sense: every operand maps its dims to the result's factors one to
+    one, in order (not a transpose, reshape or broadcast)."""
+    results = [dims for dims in dims_of[n_operands:] if dims]
+    return bool(results) and all(dims == results[0] for dims in dims_of if dims)
 
 
 def _extend(old: Axes, new: Axes) -> Axes:
