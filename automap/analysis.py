@@ -350,6 +350,43 @@ def _walk_index(program: Program) -> dict[int, int]:
     return got
 
 
+def loop_invariants(program: Program) -> tuple[frozenset[int], dict[int, int]]:
+    """(the values of loop bodies that are the same on every trip: a ``scan``'s or ``while``'s
+    constant operands inside the body and what the body computes from them alone, region id ->
+    trips). XLA reshards these once, before the loop (a flax ``nn.RNN``'s kernels, split by FSDP:
+    gathered once per step, not once per time step). Memoised on the program.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> def f(w, xs):
+    ...     return jax.lax.scan(lambda h, x: (jnp.tanh(h @ w.T + x), None), xs[0], xs)[0]
+    >>> prog = lower(jax.make_jaxpr(f)(jnp.ones((4, 4)), jnp.ones((3, 4))), ["w", "xs"], ["y"])
+    >>> invariant, trips = loop_invariants(prog)
+    >>> sorted(prog.values[v].shape for v in invariant), list(trips.values())  # w and w.T in the body
+    ([(4, 4), (4, 4)], [3])
+    """
+    got = program.memo.get("loop_invariants")
+    if got is not None:
+        return got
+    invariant: set[int] = set()
+    trips: dict[int, int] = {}
+    for op in program.all_ops:
+        for region in op.regions:
+            trips[region.id] = region.trips
+        if op.primitive not in ("scan", "while") or not op.regions:
+            continue
+        body = op.regions[-1]
+        consts = op.params["num_consts"] if op.primitive == "scan" else op.params["body_nconsts"]
+        known = set(body.inputs[:consts])
+        for inner in body.ops:
+            if not inner.regions and inner.inputs and all(
+                    v in known or program.values[v].kind in ("literal", "const") for v in inner.inputs):
+                known.update(inner.outputs)
+        invariant |= known
+    program.memo["loop_invariants"] = got = (frozenset(invariant), trips)
+    return got
+
+
 def reshards(state: ShardingState) -> list[Reshard]:
     """Every collective the assignment implies, op by op (the cost model prices these). A gather
     of the same value over the same axes in the same region is marked ``reused`` after its first
@@ -361,18 +398,22 @@ def reshards(state: ShardingState) -> list[Reshard]:
         made.clear()
     out: list[Reshard] = []
     gathered: set[tuple] = set()
+    invariant, trips = loop_invariants(program)
     for i in [i for i, got in enumerate(analyses) if got[1]]:
         op, mult = walked[i]
         region = values[op.outputs[0]].region if op.outputs else 0
         linked = op.linked
         for pos, kind, axes, nbytes, where in analyses[i][1]:
             vid = linked[pos]
+            count = mult
+            if where == "operand" and vid in invariant:  # resharded once, at the loop's entry
+                count = max(mult // trips[values[vid].region], 1)
             reused = False
             if kind in ("all-gather", "collective-permute") and where == "operand":
                 key = (vid, kind, axes, region)
                 reused = key in gathered
                 gathered.add(key)
-            fields = (op.id, vid, kind, axes, nbytes, mult, where, reused)
+            fields = (op.id, vid, kind, axes, nbytes, count, where, reused)
             r = made.get(fields)
             if r is None:
                 r = made[fields] = Reshard(*fields)  # type: ignore[arg-type]

@@ -383,7 +383,11 @@ class Partitioned:
                 self._compiled[id(plan)] = (program(plan.pins)(), None)
             else:
                 candidates = {"pinned": program(plan.pins), "inputs-only": program(frozenset())}
-                arbitration = arbitrate(candidates, [abstractify(x) for x in args], reference="inputs-only")
+                # a plan that decided nothing past its inputs (pinned only for its loops) is what
+                # jax.jit makes of the same in_shardings: it may not trade one figure for the other
+                # against that program; a plan that decided intermediates keeps its own in a trade
+                reference = None if emit.decided_values(plan.state) else "inputs-only"
+                arbitration = arbitrate(candidates, [abstractify(x) for x in args], reference=reference)
                 plan.measured["arbitration"] = arbitration
                 self._compiled[id(plan)] = (arbitration.kept.jitted, arbitration.kept.compiled)
         return self._compiled[id(plan)]

@@ -255,3 +255,28 @@ def test_a_dot_whose_summed_dim_only_one_operand_splits_gathers_it(eq, shapes, s
     assert est.comm_bytes == {k: c.bytes * c.count for k, c in xla.collectives.items()} == want
     assert est.wire_bytes == xla.wire_bytes
     assert est.dot_flops == xla.dot_flops
+
+
+def test_a_loop_invariant_weight_is_gathered_once_before_the_loop():
+    """A flax ``nn.RNN(nn.OptimizedLSTMCell)`` step, FSDP over 8 devices: the cell's kernels are
+    scan constants, gathered once before the loop by XLA, not once per time step as the estimate
+    had them (2.9x XLA's bytes for them, 1.65x bytes sent in all; flax LSTM classifier, FSDP on a
+    2x4 mesh: 2.12x -> 0.91x)."""
+    import flax.linen as nn
+
+    model = nn.RNN(nn.OptimizedLSTMCell(16))
+    xs = jnp.ones((8, 4, 8))
+    params = model.init(jax.random.key(0), xs)["params"]
+
+    def step(params, xs):
+        grads = jax.grad(lambda p: (model.apply({"params": p}, xs) ** 2).sum())(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+    f = automap.partition(step, mesh=automap.make_mesh({"data": 8}), tactics=[tactics.fsdp("data")], search=None,
+                          arbiter=None)
+    fid = f.verify(params, xs, warn=False)
+    (gathers,) = [r for r in fid.collectives if r.kind == "all-gather"]
+    # XLA: 6 gathers, 12,544 B; estimated 3, 8,960 B (12, 35,840 B per trip); bytes sent in all
+    # 32,256 B estimated, 35,868 B by XLA (59,136 B per trip)
+    assert gathers.estimated_count <= gathers.measured_count and gathers.estimated_bytes <= gathers.measured_bytes
+    assert abs(fid.bytes_sent.estimated / fid.bytes_sent.measured - 1) < 0.15
