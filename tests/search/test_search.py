@@ -143,7 +143,7 @@ def _budget():
     return int(0.8 * space.score(run_schedule([tactics.batch_over_all_axes()], ctx, root).state).peak_bytes)
 
 
-CEILING_SOURCE = "data_parallel('model') + fsdp('data')"  # fsdp over 'data' after data parallel over 'model'
+CEILING_SOURCE = "data_parallel('model') + megatron('data')"  # Megatron over 'data' after data parallel over 'model'
 
 
 def test_the_answer_is_no_heavier_than_the_fastest_expert_plan():
