@@ -411,6 +411,7 @@ def load_workload(where: str) -> tuple[str, Callable[[], Any]]:
     if spec is None or spec.loader is None:
         raise ValueError(f"--workload: cannot import {path!r}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import would: dataclasses and pickling look the module up
     spec.loader.exec_module(module)
     build = getattr(module, fn, None)
     if not callable(build):

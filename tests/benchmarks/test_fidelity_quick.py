@@ -15,8 +15,10 @@ def test_fidelity_table(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
     out, model = tmp_path / "fidelity.md", tmp_path / "my_model.py"
-    model.write_text("from automap import zoo\n\n\ndef my_mlp():\n"
-                     "    return zoo.mlp(zoo.MLPConfig(d_in=64, hidden=(256, 256), d_out=64, batch=8))\n")
+    model.write_text("from __future__ import annotations\n\nimport dataclasses\n\nfrom automap import zoo\n\n\n"
+                     "@dataclasses.dataclass(frozen=True)\nclass Sizes:  # a user's config class (needs the module "
+                     "registered)\n    hidden: tuple[int, ...] = (256, 256)\n\n\ndef my_mlp():\n"
+                     "    return zoo.mlp(zoo.MLPConfig(d_in=64, hidden=Sizes().hidden, d_out=64, batch=8))\n")
     run = subprocess.run([sys.executable, "benchmarks/fidelity.py", "--workload", f"{model}:my_mlp", "--plans",
                           ",".join(PLANS), "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
