@@ -373,11 +373,10 @@ def loop_invariants(program: Program) -> tuple[frozenset[int], dict[int, int]]:
     for op in program.all_ops:
         for region in op.regions:
             trips[region.id] = region.trips
-        if op.primitive not in ("scan", "while") or not op.regions:
+        if op.primitive not in ("scan", "while"):
             continue
         body = op.regions[-1]
-        consts = op.params["num_consts"] if op.primitive == "scan" else op.params["body_nconsts"]
-        known = set(body.inputs[:consts])
+        known = set(op.loop_constants())
         for inner in body.ops:
             if not inner.regions and inner.inputs and all(
                     v in known or program.values[v].kind in ("literal", "const") for v in inner.inputs):

@@ -39,9 +39,11 @@ def derived(program: Program, state_inputs: Iterable[int]) -> tuple[set[int], se
         changed = False
         for op in program.all_ops:
             if op.regions:
-                back = loop_backedges(op)
+                back = op.loop_backedges()
                 for outer, region in region_links(op):
-                    for s in (known, constant):  # a loop carry: its initial value and what the body feeds back
+                    # a loop carry is one only when its initial value and what the body feeds back both are
+                    # (an RNN's zero initial state is a constant, the carry the body updates from the data is not)
+                    for s in (known, constant):
                         if outer in s and region not in s and back.get(region, outer) in s:
                             s.add(region)
                             changed = True
@@ -69,22 +71,6 @@ def region_links(op: Op) -> list[tuple[int, int]]:
         pairs += list(zip(carries, cond.inputs[cn:], strict=True)) + list(zip(carries, body.inputs[bn:], strict=True))
         return pairs
     return []
-
-
-def loop_backedges(op: Op) -> dict[int, int]:
-    """region input -> the body output fed back into it on the next trip, for the loop carries of
-    a ``scan``/``while`` (a carry whose initial value is a constant is not one when the body
-    updates it from the data: an RNN's zero initial state)."""
-    if op.primitive == "scan":
-        (body,) = op.regions
-        nc, nk = op.params["num_consts"], op.params["num_carry"]
-        return {body.inputs[nc + j]: body.outputs[j] for j in range(nk)}
-    if op.primitive == "while":
-        cond, body = op.regions
-        cn, bn = op.params["cond_nconsts"], op.params["body_nconsts"]
-        back = {body.inputs[bn + j]: out for j, out in enumerate(body.outputs)}
-        return back | {cond.inputs[cn + j]: out for j, out in enumerate(body.outputs)}
-    return {}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,6 +92,38 @@ class Op:
         """Whether no value is linked twice (``x * x`` links ``x`` twice)."""
         return len(set(self.linked)) == len(self.linked)
 
+    def loop_constants(self) -> tuple[int, ...]:
+        """The body inputs of a ``scan``/``while`` that hold its constant operands, the same on
+        every trip (``()`` for any other op)."""
+        if self.primitive == "scan":
+            return self.regions[0].inputs[: self.params["num_consts"]]
+        if self.primitive == "while":
+            return self.regions[1].inputs[: self.params["body_nconsts"]]
+        return ()
+
+    def loop_backedges(self) -> dict[int, int]:
+        """Region input -> the body output fed back into it on the next trip, for the carries of a
+        ``scan``/``while`` (``{}`` for any other op).
+
+        >>> import jax, jax.numpy as jnp
+        >>> from automap.ir.lower import lower
+        >>> f = lambda w, xs: jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x), None), xs[0], xs)[0]
+        >>> prog = lower(jax.make_jaxpr(f)(jnp.ones((4, 4)), jnp.ones((3, 4))), ["w", "xs"], ["y"])
+        >>> (scan,) = [op for op in prog.ops if op.primitive == "scan"]
+        >>> len(scan.loop_constants()), len(scan.loop_backedges())  # w; the carry h
+        (1, 1)
+        """
+        if self.primitive == "scan":
+            (body,) = self.regions
+            nc, nk = self.params["num_consts"], self.params["num_carry"]
+            return {body.inputs[nc + j]: body.outputs[j] for j in range(nk)}
+        if self.primitive == "while":
+            cond, body = self.regions
+            cn, bn = self.params["cond_nconsts"], self.params["body_nconsts"]
+            back = {body.inputs[bn + j]: out for j, out in enumerate(body.outputs)}
+            return back | {cond.inputs[cn + j]: out for j, out in enumerate(body.outputs)}
+        return {}
+
 
 @dataclasses.dataclass(frozen=True)
 class RematCall:
