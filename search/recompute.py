@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from automap.ir.recompute import block_mode, pending_blocks, recompute_state, repeated_blocks, selective
+from automap.ir.recompute import block_mode, pending_blocks, recompute_state, recompute_units, selective
 from automap.ir.unremat import drop_remat_state, has_user_remat
 from automap.report import human_bytes
 from automap.shardings import ShardingState
@@ -63,7 +63,7 @@ def recompute_orders(space: SearchSpace, state: ShardingState) -> list[list[str]
     objective decides (:func:`fits_by_recompute`)."""
     before = space.rescore(state)
     gains: dict[int, list] = {0: [], 1: []}  # 0: selective, 1: whole
-    for i, block in enumerate(repeated_blocks(state.program)):
+    for i, block in enumerate(recompute_units(state.program)):
         whole_score = None
         for rung, name in ((1, block), (0, selective(block))):
             score = space.rescore(recompute_state(state, [name]))
@@ -84,7 +84,7 @@ def greedy_recompute(space: SearchSpace, state: ShardingState, order: Sequence[s
     """``state`` with the shortest prefix of ``order`` recomputed (each block in the last way the
     prefix names it) that fits ``space``'s budget; None if even all of them do not. ``before``:
     ``state``'s score, if the search did not make it (not scored into the search's tables)."""
-    blocks = repeated_blocks(state.program)
+    blocks = recompute_units(state.program)
     for k in range(1, len(order) + 1):
         way = {block_mode(name)[0]: name for name in order[:k]}
         chosen = [way[b] for b in blocks if b in way]  # recomputed in program order
@@ -173,33 +173,49 @@ def fit_by_recompute(space: SearchSpace, answer: ShardingState,
 
 
 MEASURED_FALLBACKS = 3  # further recomputing plans XLA measures when the best one stays over the budget
+MEASURED_WAYS = 3  # at each step, the ways to recompute one more block that XLA measures
 
 
 def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[ShardingState], Any],
                    topology: Any = None, donated: Sequence[int] = (),
                    fallbacks: Sequence[ShardingState] = ()) -> tuple[ShardingState, str, int | None]:
     """XLA has the last word on a recomputing plan: while the compiled program's memory per
-    device (``measure_state``) is over ``budget``, recompute one more block, the one the cost
-    model says saves the most; if the plan is still over with every block recomputed, the next of
-    ``fallbacks`` (the other recomputing plans, best first; at most :data:`MEASURED_FALLBACKS`)
-    gets the same treatment. Returns the first state XLA measures within the budget (else the
-    one it measures smallest), a note of what XLA measured, and that measure (bytes per device)."""
+    device (``measure_state``) is over ``budget``, recompute one more block: of the ways to
+    (each block left, wholly or selectively), the :data:`MEASURED_WAYS` the cost model says
+    leave the least memory are compiled, and the one XLA measures smallest is taken (the
+    estimate can rank them otherwise than XLA: recomputing the last block, whose residuals the
+    backward reads at once, adds the copies it reads and saves nothing); if the plan is still
+    over with every block recomputed, the next of ``fallbacks`` (the other recomputing plans,
+    best first; at most :data:`MEASURED_FALLBACKS`) gets the same treatment. Returns the first
+    state XLA measures within the budget (else the one it measures smallest, of every step), a
+    note of what XLA measured, and that measure (bytes per device)."""
     from automap.cost import estimate
+
+    def peak(s: ShardingState) -> int:
+        return estimate(s, topology, donated=donated).peak_memory_bytes
 
     tried, lines = [], []
     for start in [state, *fallbacks[:MEASURED_FALLBACKS]]:
         got = measure_state(start).memory_per_device
         seen = [f"{human_bytes(got)}"]
+        smallest = (got if got is not None else 0, start)
         while got is not None and got > budget:
             left = pending_blocks(start.program)
             if not left:
                 break
-            start = min((recompute_state(start, [b]) for b in left),
-                        key=lambda s: estimate(s, topology, donated=donated).peak_memory_bytes)
-            got = measure_state(start).memory_per_device
+            ways = {}
+            for name in (n for b in left for n in (b, selective(b))):
+                got_state = recompute_state(start, [name])
+                if got_state is not start:
+                    ways.setdefault(got_state.key(), got_state)
+            if not ways:
+                break
+            tries = sorted(ways.values(), key=peak)[:MEASURED_WAYS]
+            got, start = min(((measure_state(s).memory_per_device or 0, s) for s in tries), key=lambda t: t[0])
             seen.append(f"{human_bytes(got)} recomputing {start.program.recomputed[-1]} too")
+            smallest = min(smallest, (got, start), key=lambda t: t[0])
         lines.append(", then ".join(seen))
-        tried.append((got if got is not None else 0, start))
+        tried.append(smallest)
         if got is None or got <= budget:
             break
     got, kept = next(((g, s) for g, s in tried if g <= budget), min(tried, key=lambda t: t[0]))

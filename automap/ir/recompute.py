@@ -41,6 +41,7 @@ import jax
 from automap.ir.build import ProgramBuilder
 from automap.ir.program import Op, Program, Value
 from automap.ir.scan_recompute import Saved, dots_without_batch_dims, recompute_scan, scan_blocks
+from automap.ir.segments import PREFIX, forward_segments
 from automap.shardings import ShardingState
 
 _NUMBERED = re.compile(r"^(.*?)_?(\d+)$")
@@ -137,7 +138,10 @@ def structural_blocks(program: Program, min_repeats: int = 2) -> dict[str, tuple
 def _block_ops(program: Program, block: str) -> list[Op]:
     """The block's forward top-level ops (under the module path ``block``, or the layer of
     :func:`structural_blocks` so named); empty if one holds a region or sits in a user's remat."""
-    ids = structural_blocks(program).get(block) if block not in _paths(program) else None
+    if block.startswith(PREFIX):
+        ids = forward_segments(program).get(block)
+    else:
+        ids = structural_blocks(program).get(block) if block not in _paths(program) else None
     if ids is not None:
         ids = set(ids)
         ops = [op for op in program.ops if op.id in ids]
@@ -147,6 +151,13 @@ def _block_ops(program: Program, block: str) -> list[Op]:
     if any(op.regions or op.remat for op in ops):
         return []
     return ops
+
+
+def recompute_units(program: Program) -> tuple[str, ...]:
+    """What the search may recompute: the repeated blocks (:func:`repeated_blocks`), or, in a
+    model without any, the segments of its forward (:func:`~automap.ir.segments.forward_segments`)
+    that can be recomputed."""
+    return repeated_blocks(program) or tuple(s for s in forward_segments(program) if _block_ops(program, s))
 
 
 def _paths(program: Program) -> frozenset[str]:
@@ -246,9 +257,9 @@ def block_mode(name: str) -> tuple[str, Saved | None]:
 
 
 def pending_blocks(program: Program) -> tuple[str, ...]:
-    """The repeated blocks ``program`` does not recompute yet, in either mode."""
+    """The blocks (:func:`recompute_units`) ``program`` does not recompute yet, in either mode."""
     done = {block_mode(d)[0] for d in program.recomputed}
-    return tuple(b for b in repeated_blocks(program) if b not in done)
+    return tuple(b for b in recompute_units(program) if b not in done)
 
 
 def recompute(program: Program, blocks: Iterable[str]) -> Program:
