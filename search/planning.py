@@ -71,7 +71,7 @@ def run_search(
         raise MemoryBudgetError(
             f"no plan found within the memory budget of {human_bytes(budget)} per device: the smallest "
             f"per-device peak explored was {human_bytes(best.peak_bytes)} ({result.stats.states_evaluated} "
-            f"plans evaluated; recomputing the repeated blocks did not fit either). Largest inputs per device in the best plan: {_largest_inputs(result.state)}. Raise "
+            f"plans evaluated; recomputing repeated blocks, or segments of the forward, did not fit either). Largest inputs per device in the best plan: {_largest_inputs(result.state)}. Raise "
             "memory_budget, use a larger mesh, or add tactics (fsdp, megatron) that shard these values"
         )
     notes = (

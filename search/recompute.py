@@ -1,5 +1,6 @@
-"""When no plan fits the memory budget: recompute repeated blocks on the fastest plans; and
-whether the model's own remat pays (:func:`without_user_remat`).
+"""When no plan fits the memory budget: recompute repeated blocks on the fastest plans (in a
+model without any, segments of its forward: :func:`~automap.ir.recompute.recompute_units`);
+and whether the model's own remat pays (:func:`without_user_remat`).
 
 Recomputation (:mod:`automap.ir.recompute`) trades a block's forward FLOPs for its residuals'
 memory. It is tried only when the search found nothing within the budget: on each of the fastest
