@@ -147,6 +147,7 @@ class _OpCosts:
     mult: np.ndarray
     dots: tuple[int, ...]  # positions of the ops with dot FLOPs
     exact: bool
+    quadratic: tuple[tuple[int, int], ...] = ()  # (position, factor): FLOPs quadratic in it (Traits.platform_quadratic)
 
     @staticmethod
     def of(program: Program, platform: str | None = None) -> _OpCosts:
@@ -161,9 +162,29 @@ class _OpCosts:
             got = program.memo[("op_costs", platform)] = _OpCosts(
                 static, np.array([c[0] for c in static], dtype=np.float64),
                 np.array([c[1] for c in static], dtype=np.float64), np.array(mults, dtype=np.float64),
-                tuple(i for i, c in enumerate(static) if c[2]), exact,
+                tuple(i for i, c in enumerate(static) if c[2]), exact, _quadratic(program, platform),
             )
         return got
+
+
+def _quadratic(program: Program, platform: str | None) -> tuple[tuple[int, int], ...]:
+    """(position, factor) of the ops whose FLOPs on ``platform`` grow with a factor's square."""
+    out = []
+    for i, (op, _) in enumerate(program.walked):
+        fn = traits_of(op.primitive).quadratic_on(platform)
+        factor = fn(op.rule, **op.params) if fn is not None and op.rule is not None else None
+        if factor is not None:
+            out.append((i, factor))
+    return tuple(out)
+
+
+def _split(costs: _OpCosts, analyses: list[Analysis], axes: Mapping[str, int]) -> np.ndarray:
+    """Into how many pieces each op's work divides per device: its execution factors' splits, a
+    factor its FLOPs are quadratic in counted twice."""
+    split = np.fromiter(map(_PIECES, analyses), dtype=np.float64, count=len(analyses))
+    for i, factor in costs.quadratic:
+        split[i] *= math.prod(axes[a] for a in analyses[i][0].get(factor, ()))
+    return split
 
 
 def _op_totals(program: Program, analyses: list[Analysis], axes: Mapping[str, int],
@@ -173,25 +194,25 @@ def _op_totals(program: Program, analyses: list[Analysis], axes: Mapping[str, in
     are the very floats the Python loop (:func:`_op_totals_loop`) makes; that loop is used where
     a number is too large for a float to hold exactly."""
     costs = _OpCosts.of(program, platform)
-    split = np.fromiter(map(_PIECES, analyses), dtype=np.float64, count=len(analyses))
+    split = _split(costs, analyses, axes)
     if not costs.exact or split.max(initial=0) >= _EXACT:
-        return _op_totals_loop(program, costs.static, analyses, axes, device)
+        return _op_totals_loop(program, costs.static, analyses, split, axes, device)
     f = costs.flops / split * costs.mult
     b = costs.bytes / split * costs.mult
     c = np.maximum(f / float(device.peak_flops), b / float(device.memory_bandwidth))
     dots = 0.0
     for i in costs.dots:
         op, mult = program.walked[i]
-        fax, _, pieces = analyses[i]
-        if _is_real_dot(program, op, fax, axes):
-            dots += costs.static[i][2] / pieces * mult
+        if _is_real_dot(program, op, analyses[i][0], axes):
+            dots += costs.static[i][2] / float(split[i]) * mult
     return _running_sum(f), dots, _running_sum(b), _running_sum(c)
 
 
-def _op_totals_loop(program: Program, static: list, analyses: list[Analysis], axes: Mapping[str, int],
-                    device: DeviceSpec) -> tuple[float, float, float, float]:
+def _op_totals_loop(program: Program, static: list, analyses: list[Analysis], splits: np.ndarray,
+                    axes: Mapping[str, int], device: DeviceSpec) -> tuple[float, float, float, float]:
     flops = dots = traffic = compute = 0.0
-    for (op, mult), (f, b, d), (fax, _, split) in zip(program.walked, static, analyses, strict=True):
+    for (op, mult), (f, b, d), (fax, _, _), split in zip(program.walked, static, analyses, splits.tolist(),
+                                                         strict=True):
         if not (f or b):
             continue
         f, b = f / split * mult, b / split * mult

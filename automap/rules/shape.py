@@ -82,21 +82,33 @@ def _reshape(ctx: RuleContext, *, new_sizes: Sequence[int], dimensions: Any = No
     equal products, the walk peels common major factors off the current dims of both sides
     (their gcd): a merge puts the merged dims' factors in the merged dim (major first), a split
     the reverse, and (8, 12) -> (12, 8) shares a major factor 4. Once the digits no longer
-    line up (gcd 1), the rest of the run stays whole (one blocked factor)."""
+    line up (gcd 1), the rest of the run stays whole (one blocked factor). With ``dimensions``
+    (``lax.reshape(x, sizes, dimensions)``: ``x`` transposed by ``dimensions`` first, as JAX's
+    depthwise-conv gradient reshapes its kernel) the walk reads the transposed dims.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> f = lambda k: jax.lax.reshape(k, (3, 3, 8, 1), dimensions=(0, 1, 3, 2, 4))
+    >>> rule = lower(jax.make_jaxpr(f)(jnp.ones((3, 3, 1, 8, 1))), ["k"], ["y"]).ops[0].rule
+    >>> rule.operands[0], rule.results[0]  # the 8 channels move from dim 3 to dim 2
+    (((0,), (1,), (), (2,), ()), ((0,), (1,), (2,), ()))
+    """
     (x,) = ctx.operands[:1]
-    if dimensions is not None or len(ctx.operands) != 1:
+    if len(ctx.operands) != 1:
         return replicated(ctx)
+    order = tuple(dimensions) if dimensions is not None else tuple(range(len(x.shape)))
+    shape = tuple(x.shape[d] for d in order)
     factors: list[Factor] = []
-    ins: list[list[int]] = [[] for _ in x.shape]
+    ins: list[list[int]] = [[] for _ in shape]
     outs: list[list[int]] = [[] for _ in new_sizes]
-    for ga, gb in _groups(x.shape, tuple(new_sizes)):
+    for ga, gb in _groups(shape, tuple(new_sizes)):
         if not ga or not gb:
             continue  # a size-1 dim: nothing to shard
         i = j = 0
-        ra, rb = x.shape[ga[0]], new_sizes[gb[0]]
+        ra, rb = shape[ga[0]], new_sizes[gb[0]]
         while True:
             if ra == 1 and i + 1 < len(ga):
-                i, ra = i + 1, x.shape[ga[i + 1]]
+                i, ra = i + 1, shape[ga[i + 1]]
                 continue
             if rb == 1 and j + 1 < len(gb):
                 j, rb = j + 1, new_sizes[gb[j + 1]]
@@ -105,7 +117,7 @@ def _reshape(ctx: RuleContext, *, new_sizes: Sequence[int], dimensions: Any = No
                 break  # both sides consumed
             g = math.gcd(ra, rb)
             if g == 1:  # the digits no longer line up: the remainder stays whole
-                rest = ra * math.prod(x.shape[d] for d in ga[i + 1 :])
+                rest = ra * math.prod(shape[d] for d in ga[i + 1 :])
                 factors.append(Factor(rest, "blocked"))
                 for d in ga[i:]:
                     ins[d].append(len(factors) - 1)
@@ -116,7 +128,10 @@ def _reshape(ctx: RuleContext, *, new_sizes: Sequence[int], dimensions: Any = No
             ins[ga[i]].append(len(factors) - 1)
             outs[gb[j]].append(len(factors) - 1)
             ra, rb = ra // g, rb // g
-    return FactorRule(tuple(factors), (tuple(map(tuple, ins)),), (tuple(map(tuple, outs)),))
+    operand = [()] * len(shape)
+    for k, d in enumerate(order):  # back to the operand's own dims
+        operand[d] = tuple(ins[k])
+    return FactorRule(tuple(factors), (tuple(operand),), (tuple(map(tuple, outs)),))
 
 
 def _along(ctx: RuleContext, whole: set[int], n_scalar_tail: int = 0) -> FactorRule:

@@ -115,6 +115,14 @@ class Traits:
     lookup: Lookup | None = None
     workspace: BytesFn | None = None
     platform_flops: tuple[tuple[str, FlopsFn], ...] = ()  # (platform, flops) where it compiles otherwise
+    # (platform, factor(rule, **params)) where that platform's FLOPs grow with the square of one factor of the op's
+    # rule (an expansion over its groups): per device they divide by the factor's split twice (None: no such factor)
+    platform_quadratic: tuple[tuple[str, Callable[..., int | None]], ...] = ()
+
+    def quadratic_on(self, platform: str | None) -> Callable[..., int | None] | None:
+        """The ``platform_quadratic`` factor function of ``platform`` (None: the FLOPs are linear in every
+        factor, as the op's own arithmetic is)."""
+        return next((fn for name, fn in self.platform_quadratic if name == platform), None)
 
     def __post_init__(self) -> None:
         for field, mode in (("fusion", Fusion), ("memory", Memory), ("emit", Emit)):
@@ -214,7 +222,8 @@ from and its result written to memory, one FLOP per result element, not pinned."
 
 
 def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsFn | None = None,
-                platform_flops: tuple[tuple[str, FlopsFn], ...] = ()) -> Traits:
+                platform_flops: tuple[tuple[str, FlopsFn], ...] = (),
+                platform_quadratic: tuple[tuple[str, Callable[..., int | None]], ...] = ()) -> Traits:
     """Traits of a contraction summing over ``dims(ctx, **params)`` of each operand: its own
     kernel, results pinned by emission, FLOPs ``2 * |result| * |contraction|`` unless given
     (``platform_flops``: what some platforms compile instead, :meth:`Traits.flops_on`).
@@ -227,7 +236,7 @@ def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsF
     """
     shape = Contraction(dims, kind)
     return Traits(flops or shape.flops, "kernel", "kernel", emit="pin", contraction=shape,
-                  platform_flops=tuple(platform_flops))
+                  platform_flops=tuple(platform_flops), platform_quadratic=tuple(platform_quadratic))
 
 
 # ---------------------------------------------------------------------------------------------
