@@ -19,9 +19,9 @@ A program worse in both is dominated and never kept. ``arbiter`` (an option of
 :func:`automap.automap`): ``"auto"`` (the default) arbitrates programs of at most
 :data:`AUTO_MAX_OPS` ops (two compiles of a small program are cheap; above that the second compile
 would cost as much as the first), and for those the search's final candidates are compiled and
-measured too (:func:`final_choice`: the answer, the expert ceiling plan, the next best and the
-expert compositions of the (bytes, memory) front; the answer is never dominated by one of them by
-XLA's measure); ``None`` keeps the pinned program unmeasured (one compile) and the search's answer
+measured too (:func:`final_choice`: the answer, the expert ceiling plan, the next best, the
+expert compositions of the (bytes, memory) front and FSDP over the whole mesh jointly; the answer
+is never dominated by one of them by XLA's measure); ``None`` keeps the pinned program unmeasured (one compile) and the search's answer
 by estimate; ``"always"``: both at any size; ``"search"``: the same as ``"auto"`` (kept for plans
 written with it). Under the default pins
 (:func:`automap.emit.pinned_values`, ``"plan"``) a plan without a ``scan`` that decided only its
@@ -159,7 +159,8 @@ def arbitrate(candidates: dict[str, Callable[[], Any]], abstract_args: list[Any]
 def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, Any, Any], ...],
                  measure_state: Callable[[Any], Measurement], budget: int | None = None) -> tuple[Any, str]:
     """XLA arbitrates the search's final candidates: the answer, the expert ceiling plan, the next
-    best and the expert compositions of the (bytes, memory) front, each ``(label, state, score)``.
+    best, the expert compositions of the (bytes, memory) front and FSDP over the whole mesh
+    (:func:`search.mcts._alternatives`), each ``(label, state, score)``.
     Each is compiled and measured (``measure_state``). A candidate is admitted when its measured
     bytes sent are at most the ceiling plan's (within :data:`BYTES_TIE`) and its memory at most
     the ceiling's (within :data:`MEMORY_SLACK`), so the ceiling promise holds by XLA's measure

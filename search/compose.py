@@ -16,7 +16,7 @@ import itertools
 from search.ceiling import Ceiling
 from search.greedy import replay
 from search.objective import Objective
-from search.space import REFINES, Move, Plan, SearchSpace, TacticAction
+from search.space import REFINES, Move, Plan, SearchSpace, TacticAction, used_axes
 
 BEAM_WIDTH = 6  # on two axes: every single macro is extended, so every ordered pair is tried
 DOMINANCE_TOLERANCE = 0.01  # relative: a plan 1% leaner in both bytes sent and memory dominates
@@ -100,6 +100,24 @@ def undominated(plans: list[Plan], tolerance: float = DOMINANCE_TOLERANCE) -> li
                 and q.score.peak_bytes < p.score.peak_bytes * slack)
 
     return [p for p in plans if not any(dominates(q, p) for q in plans if q is not p)]
+
+
+def whole_mesh_fsdp(space: SearchSpace) -> Plan | None:
+    """ZeRO-3 over every free mesh axis jointly (``fsdp(('data', 'model'))``: each leaf's one dim
+    split over all of them, as an expert writes FSDP for the whole mesh), a plan no composition of
+    the macros makes (``fsdp`` on a second axis splits a second dim); None without ``fsdp`` among
+    the macros, with fewer than two free axes, or when it changes nothing. One of the final
+    candidates XLA measures (:func:`search.mcts._alternatives`; memoised per space)."""
+    if "whole_mesh_fsdp" not in space.memo:
+        plan = None
+        free = tuple(a for a in space.axes if a not in used_axes(space.root, space.axes))
+        if "fsdp" in space.macros and len(free) > 1:
+            action = TacticAction("fsdp", free)
+            state = space.apply(space.root, action)
+            if state.key() != space.root.key():
+                plan = Plan(state, space.score(state), (action,))
+        space.memo["whole_mesh_fsdp"] = plan
+    return space.memo["whole_mesh_fsdp"]
 
 
 def ceiling_of(space: SearchSpace, plan: Plan) -> Ceiling:

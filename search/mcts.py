@@ -6,7 +6,7 @@ import dataclasses
 import time
 
 from search.base import SearchResult, SearchStats, check_fields
-from search.compose import compositions, expert_ceiling, expert_plan, tactic_compositions, undominated
+from search.compose import compositions, expert_ceiling, expert_plan, tactic_compositions, undominated, whole_mesh_fsdp
 from search.objective import Objective
 from search.progress import Progress
 from search.space import Plan, Score, SearchSpace
@@ -111,9 +111,11 @@ FRONT_CANDIDATES = 3  # expert compositions of the (bytes, memory) front XLA als
 def _alternatives(space: SearchSpace, found: Found, anchor: Plan | None,
                   objective: Objective) -> tuple[tuple[str, object, Score], ...]:
     """The final candidates besides the answer: the expert ceiling plan, the next best fitting
-    plan met (by the objective), and the fastest compositions no other composition dominates by
-    estimate (:func:`search.compose.undominated`; at most :data:`FRONT_CANDIDATES`): the plans an
-    expert would weigh, for XLA to measure (:func:`automap.arbiter.final_choice`)."""
+    plan met (by the objective), the fastest compositions no other composition dominates by
+    estimate (:func:`search.compose.undominated`; at most :data:`FRONT_CANDIDATES`) and FSDP over
+    the whole mesh (:func:`search.compose.whole_mesh_fsdp`, whatever its estimate: the plan an
+    expert writes first for a model whose state outweighs its activations): the plans an expert
+    would weigh, for XLA to measure (:func:`automap.arbiter.final_choice`)."""
     out, seen = [], {found.best.state.key()}
     if anchor is not None and anchor.score.feasible and anchor.state.key() not in seen:
         source = objective.ceiling.source if objective.ceiling else "fastest composition"
@@ -125,6 +127,9 @@ def _alternatives(space: SearchSpace, found: Found, anchor: Plan | None,
         seen.add(rest.state.key())
     if anchor is not None:
         front = sorted(undominated([p for p in compositions(space) if p.score.feasible]), key=lambda p: p.score.time_s)
-        for p in [p for p in front if p.state.key() not in seen][:FRONT_CANDIDATES]:
-            out.append((f"expert ({' + '.join(space.describe(a) for a in p.moves)})", p.state, p.score))
+        joint = whole_mesh_fsdp(space)
+        for p in [p for p in front if p.state.key() not in seen][:FRONT_CANDIDATES] + [joint] * (joint is not None):
+            if p.score.feasible and p.state.key() not in seen:
+                out.append((f"expert ({' + '.join(space.describe(a) for a in p.moves)})", p.state, p.score))
+                seen.add(p.state.key())
     return tuple(out)

@@ -31,10 +31,12 @@ class GroupAction:
 @dataclasses.dataclass(frozen=True, order=True)
 class TacticAction:
     """Apply a structural tactic (``data_parallel``, ``megatron``, ``fsdp``) on mesh axis ``axis``:
-    one decision that stands for many group actions (PartIR's composite strategies)."""
+    one decision that stands for many group actions (PartIR's composite strategies). A tuple of
+    axes is ``fsdp`` over them jointly (:func:`search.compose.whole_mesh_fsdp`; never in the beam,
+    whose moves are ordered by axis name)."""
 
     tactic: str
-    axis: str
+    axis: str | tuple[str, ...]
 
 
 Move = Union[GroupAction, TacticAction]

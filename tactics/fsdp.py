@@ -30,11 +30,12 @@ stage        parameters      gradients        optimizer state
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 from automap.ir.program import Program
 from automap.propagate import apply
-from automap.shardings import Action, ShardingError, ShardingState
+from automap.shardings import Action, ShardingError, ShardingState, check_action
 from tactics.base import PlanContext, TacticResult, off_mesh
 from tactics.data_parallel import DataParallel
 from tactics.flow import consumers, region_links
@@ -139,16 +140,15 @@ def _blocked(program: Program, values: tuple[int, ...], classes: dict[Dim, Dim])
     return hit | {k for k, r in classes.items() if r in roots}
 
 
-def _largest_free_dim(state: ShardingState, vid: int, axis: str, blocked: set[Dim]) -> int | None:
+def _largest_free_dim(state: ShardingState, vid: int, size: int, blocked: set[Dim]) -> int | None:
     value = state.program.values[vid]
     spec = state.spec(vid)
-    size = state.axes[axis]
     free = [d for d in range(value.ndim) if not spec[d] and (vid, d) not in blocked and value.shape[d] % size == 0]
     return max(free, key=lambda d: (value.shape[d], -d)) if free else None
 
 
 def _picks(program: Program, state: ShardingState, state_inputs: tuple[int, ...], roles: StateRoles,
-           axis: str) -> dict[int, int]:
+           size: int) -> dict[int, int]:
     """State input -> the dim it is split along. A parameter takes its largest free divisible dim
     (also in stages 1 and 2, where only its moments use the choice); an optimizer-state leaf
     takes the dim its parameter took (the same optimizer class), else its own largest."""
@@ -157,11 +157,10 @@ def _picks(program: Program, state: ShardingState, state_inputs: tuple[int, ...]
         classes = _optimizer_classes(program)
         program.memo[key] = (classes, _blocked(program, state_inputs, classes))
     classes, blocked = program.memo[key]
-    size = state.axes[axis]
     picks: dict[int, int] = {}
     chosen: set[Dim] = set()
     for vid in roles.params:
-        d = _largest_free_dim(state, vid, axis, blocked)
+        d = _largest_free_dim(state, vid, size, blocked)
         if d is not None:
             picks[vid] = d
             chosen.add(classes.get((vid, d), (vid, d)))
@@ -169,7 +168,7 @@ def _picks(program: Program, state: ShardingState, state_inputs: tuple[int, ...]
         value, spec = program.values[vid], state.spec(vid)
         linked = [d for d in range(value.ndim)
                   if classes.get((vid, d), (vid, d)) in chosen and not spec[d] and value.shape[d] % size == 0]
-        d = linked[0] if linked else _largest_free_dim(state, vid, axis, blocked)
+        d = linked[0] if linked else _largest_free_dim(state, vid, size, blocked)
         if d is not None:
             picks[vid] = d
     return picks
@@ -177,64 +176,85 @@ def _picks(program: Program, state: ShardingState, state_inputs: tuple[int, ...]
 
 @dataclasses.dataclass(frozen=True)
 class Zero:
-    """ZeRO stage ``stage`` on mesh axis ``axis`` (build with :func:`zero` or :func:`fsdp`)."""
+    """ZeRO stage ``stage`` on mesh axis ``axis``, or jointly on a tuple of axes (each leaf's one
+    dim split over all of them, as ``P(('data', 'model'))`` writes it); build with :func:`zero` or
+    :func:`fsdp`."""
 
     stage: Stage
-    axis: str
+    axis: str | tuple[str, ...]
     name: str = "zero"
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return (self.axis,) if isinstance(self.axis, str) else tuple(self.axis)
 
     @property
     def tag(self) -> str:
         return f"fsdp({self.axis!r})" if self.name == "fsdp" else f"zero({self.stage}, {self.axis!r})"
 
     def __call__(self, ctx: PlanContext, state: ShardingState) -> TacticResult:
-        tag, axis = self.tag, self.axis
-        if missing := off_mesh(ctx, state, axis, tag):
-            return missing
+        tag, axes = self.tag, self.axes
+        for axis in axes:
+            if missing := off_mesh(ctx, state, axis, tag):
+                return missing
         program = ctx.program
         roles = state_roles(ctx)
         notes: list[str] = []
         reasons: dict[int, str] = {}
         before = state
-        if not any(axis in a for v in ctx.data_inputs for a in state.spec(v)):
-            dp = DataParallel(axis)(ctx, state)
-            state, notes = dp.state, list(dp.notes)
-            reasons.update(dp.reasons)
-        picks = _picks(program, state, ctx.state_inputs, roles, axis)
+        for axis in axes:  # the batch over each axis in order (joining its dim, as data_parallel does)
+            if not any(axis in a for v in ctx.data_inputs for a in state.spec(v)):
+                dp = DataParallel(axis)(ctx, state)
+                state = dp.state
+                notes.extend(dp.notes)
+                for vid, why in dp.reasons.items():
+                    reasons.setdefault(vid, why)
+        size = math.prod(ctx.axes[a] for a in axes)
+        picks = _picks(program, state, ctx.state_inputs, roles, size)
         targets = roles.opt_state + (roles.params if self.stage == 3 else ())
         actions, small, already = [], 0, 0
         for vid in targets:
-            if any(axis in a for a in state.spec(vid)):
+            if any(axis in a for a in state.spec(vid) for axis in axes):
                 already += 1
                 continue
             if vid not in picks:
                 small += 1
                 continue
-            action = Action(vid, picks[vid], axis)
+            leaf = [Action(vid, picks[vid], axis) for axis in axes]
             try:
-                state.check_action(action)
+                for i, action in enumerate(leaf):  # each axis joins the dim the ones before it split
+                    check_action(program, state.axes, _joined(state.spec(vid), leaf[:i]), action)
             except ShardingError as e:  # defensive: the pick only takes free, divisible dims
                 notes.append(f"{tag} skips {program.values[vid].name}: {e}")
                 continue
-            actions.append(action)
-            reasons[vid] = f"{tag}: dim {action.dim} of {program.values[vid].ndim}"
+            actions.extend(leaf)
+            reasons[vid] = f"{tag}: dim {picks[vid]} of {program.values[vid].ndim}"
         if not actions:
-            why = "already sharded on the axis" if already else f"no free dim divisible by {ctx.axes[axis]}"
+            why = "already sharded on the axis" if already else f"no free dim divisible by {size}"
             return TacticResult(before, (f"{tag}: no state leaf to shard ({why}); nothing done",))
         freeze: tuple[int, ...] = ()
         if self.stage < 3:
             freeze = roles.params + (roles.grads if self.stage == 1 else ())
         state = apply(state, actions, freeze=freeze, label=tag)
-        n_params = sum(a.value in set(roles.params) for a in actions)
-        n_opt = len(actions) - n_params
-        notes.append(f"{tag}: {n_params} parameters and {n_opt} optimizer-state leaves sharded on {axis!r}"
+        done = {a.value for a in actions}
+        n_params = len(done & set(roles.params))
+        n_opt = len(done) - n_params
+        on = f"{axes[0]!r}" if len(axes) == 1 else f"{axes} jointly"
+        notes.append(f"{tag}: {n_params} parameters and {n_opt} optimizer-state leaves sharded on {on}"
                      if self.stage == 3 else
-                     f"{tag}: {n_opt} optimizer-state leaves sharded on {axis!r}; parameters replicated, gradients "
+                     f"{tag}: {n_opt} optimizer-state leaves sharded on {on}; parameters replicated, gradients "
                      + ("all-reduced" if self.stage == 1 else "reduce-scattered"))
         if small:
-            notes.append(f"{tag}: {small} small leaves replicated on {axis!r} (no free dim divisible by "
-                         f"{ctx.axes[axis]})")
+            notes.append(f"{tag}: {small} small leaves replicated on {on} (no free dim divisible by {size})")
         return TacticResult(state, tuple(notes), reasons=reasons)
+
+
+def _joined(spec: tuple[tuple[str, ...], ...], done: list[Action]) -> tuple[tuple[str, ...], ...]:
+    """``spec`` after ``done`` (actions on one value), each axis appended to its dim's."""
+    out = list(spec)
+    for a in done:
+        out[a.dim] = out[a.dim] + (a.axis,)
+    return tuple(out)
 
 
 def zero(stage: Stage, axis: str = "data") -> Zero:
@@ -259,10 +279,13 @@ def zero(stage: Stage, axis: str = "data") -> Zero:
     return Zero(stage, axis)
 
 
-def fsdp(axis: str = "data") -> Zero:
+def fsdp(axis: str | tuple[str, ...] = "data") -> Zero:
     """Fully sharded data parallelism (ZeRO-3) on mesh axis ``axis``: every parameter and
     optimizer-state leaf split along its largest free dim the axis divides, the batch split on
     the same axis, activations kept batch-sharded (the weights are gathered where they are used).
+    A tuple of axes is ZeRO-3 over all of them jointly, as an expert writes it for the whole mesh:
+    the batch dim over each in order, and each leaf's one dim that the product of their sizes
+    divides split over all of them (``schedule(fsdp('data'), fsdp('model'))`` splits two dims).
 
     >>> import jax, jax.numpy as jnp, automap
     >>> def step(w, x):
@@ -274,5 +297,10 @@ def fsdp(axis: str = "data") -> Zero:
     [((), ('data',)), (('data',), ())]
     >>> plan.reasons[plan.program.inputs[0]]
     "fsdp('data'): dim 1 of 2"
+    >>> mesh = automap.make_mesh({"data": 2, "model": 2})
+    >>> plan = automap.partition(step, mesh=mesh, tactics=[fsdp(("data", "model"))]).plan(
+    ...     jnp.ones((4, 8)), jnp.ones((4, 4)))
+    >>> [plan.state.spec(v) for v in plan.program.inputs]
+    [((), ('data', 'model')), (('data', 'model'), ())]
     """
-    return Zero(3, axis, name="fsdp")
+    return Zero(3, axis if isinstance(axis, str) else tuple(axis), name="fsdp")

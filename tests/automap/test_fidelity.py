@@ -137,9 +137,10 @@ def test_default_plan_is_not_dominated_by_an_expert_plan():
         return step, measure(step.lower(state, batch).compile())
 
     step, default = measured(search=search.MCTS(episodes=8, seed=0))
-    assert any(n.startswith("search arbiter: kept the ") for n in step.plan(state, batch).notes)
+    (note,) = [n for n in step.plan(state, batch).notes if n.startswith("search arbiter: kept the ")]
+    assert "expert (fsdp(('data', 'model'))) " in note  # ZeRO-3 over the whole mesh, as an expert writes it
     for tactic_plan in ([tactics.data_parallel("data")], [tactics.data_parallel("data"), tactics.megatron("model")],
-                        [tactics.fsdp("data"), tactics.fsdp("model")]):
+                        [tactics.fsdp("data"), tactics.fsdp("model")], [tactics.fsdp(("data", "model"))]):
         _, expert = measured(tactics=tactic_plan, search=None)
         assert not (expert.wire_bytes < default.wire_bytes and expert.memory_per_device < default.memory_per_device)
     np.testing.assert_allclose(step(state, batch)[1], jax.jit(w.train_step)(state, batch)[1], rtol=1e-5)

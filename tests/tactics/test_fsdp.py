@@ -139,6 +139,48 @@ def test_zero_stages(stage, params_sharded, grads_sharded, kind):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _zero3_by_hand(state, batch, mesh):
+    """An expert's ZeRO-3 over the whole mesh: each state leaf's largest dim (first on ties) that
+    the mesh size divides, split over all of its axes (replicated where none is); the batch's dim
+    0 over all of them."""
+    axes, n = tuple(mesh.axis_names), mesh.size
+
+    def spec(leaf):
+        dims = [d for d, k in enumerate(leaf.shape) if k % n == 0]
+        if not dims:
+            return P()
+        best = max(dims, key=lambda d: (leaf.shape[d], -d))
+        return P(*[axes if d == best else None for d in range(leaf.ndim)])
+    named = functools.partial(jax.sharding.NamedSharding, mesh)
+    return (jax.tree.map(lambda leaf: named(spec(leaf)), state), jax.tree.map(lambda leaf: named(P(axes)), batch))
+
+
+def test_fsdp_over_two_axes_jointly_is_the_hand_written_zero3():
+    """fsdp(('data', 'model')) splits each leaf's one dim over both axes (fsdp('data') then
+    fsdp('model') splits two dims): the specs, XLA's measure and the numerics of the hand plan."""
+    w, state, batch, ref_loss = _workload("mlp")
+    mesh = automap.make_mesh({"data": 2, "model": 4})
+    step = automap.automap(w.train_step, mesh=mesh, tactics=[tactics.fsdp(("data", "model"))], search=None)
+    plan = step.plan(state, batch)
+    hand = _zero3_by_hand(state, batch, mesh)
+    for path, vid, got, want in zip(plan.program.input_paths, plan.program.inputs, jax.tree.leaves(plan.in_shardings),
+                                    jax.tree.leaves(hand), strict=True):
+        ndim = plan.program.values[vid].ndim
+        assert _norm(got.spec, ndim) == _norm(want.spec, ndim), path
+    assert plan.reasons[plan.program.inputs[-1]] == "data_parallel('data'): batch dim 0"
+    assert any("6 parameters and 12 optimizer-state leaves sharded on ('data', 'model') jointly" in n
+               for n in plan.notes), plan.notes
+    again = tactics.fsdp(("data", "model"))(_context(plan), plan.state)  # a second time: nothing left to do
+    assert again.state is plan.state and again.notes[-1].endswith("(already sharded on the axis); nothing done")
+    measured, outs = _run(step, plan, state, batch)
+    by_hand = automap.measure(jax.jit(w.train_step, in_shardings=hand).lower(state, batch).compile())
+    assert (measured.wire_bytes, measured.memory_per_device) == (by_hand.wire_bytes, by_hand.memory_per_device)
+    ref_state, _ = _reference_step()
+    np.testing.assert_allclose(outs[-1], ref_loss, rtol=1e-5)
+    for a, b in zip(outs[:-1], jax.tree.leaves(ref_state), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 @functools.cache
 def _reference_step():
     w, state, batch, _ = _workload("mlp")
