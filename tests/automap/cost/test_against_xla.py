@@ -10,6 +10,7 @@ import automap
 import tactics
 from automap.analysis import reshards
 from automap.cost.estimate import estimate
+from automap.cost.memory import estimate_memory
 from automap.ir.lower import lower
 from automap.propagate import apply
 from automap.shardings import Action, ShardingState
@@ -280,3 +281,67 @@ def test_a_loop_invariant_weight_is_gathered_once_before_the_loop():
     # 32,256 B estimated, 35,868 B by XLA (59,136 B per trip)
     assert gathers.estimated_count <= gathers.measured_count and gathers.estimated_bytes <= gathers.measured_bytes
     assert abs(fid.bytes_sent.estimated / fid.bytes_sent.measured - 1) < 0.15
+
+
+def _conv(x, w, numbers=("NHWC", "HWIO", "NHWC")):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=numbers)
+
+
+def _weight_step(x, dy, w):  # an SGD step on the kernel of one convolution
+    return w - 0.1 * jax.vjp(lambda w: _conv(x, w), w)[1](dy)[0]
+
+
+def _input_gradient(w, dy):
+    return jax.vjp(lambda x: _conv(x, w), jnp.ones((8, 16, 16, 16)))[1](dy)[0]
+
+
+@pytest.mark.parametrize("name, fn, shapes, specs, temp, before", [
+    # the weight gradient: the batch is its contraction, so its input and its cotangent are each
+    # transposed (16 KiB a device); its result is transposed after they are freed
+    ("weight gradient", _weight_step, [(8, 16, 16, 16), (8, 16, 16, 16), (3, 3, 16, 16)],
+     [P(D_M), P(D_M), P(), P()], 32768, 9216),
+    # the input gradient: its kernel (in and out swapped, reversed) is written transposed by the
+    # reverse itself: no copy besides it
+    ("input gradient", _input_gradient, [(3, 3, 16, 16), (8, 16, 16, 16)], [P(), P(D_M), P(D_M)], 9216, 9216),
+    # an NCHW / OIHW convolution (equinox's): the input and the kernel are copied
+    ("NCHW forward", lambda x, w: _conv(x, w, ("NCHW", "OIHW", "NCHW")), [(8, 16, 16, 16), (16, 16, 3, 3)],
+     [P(D_M), P(), P(D_M)], 16384 + 9216, 0),
+])
+def test_xla_cpu_runs_a_convolution_on_copies_in_eigens_dimension_order(name, fn, shapes, specs, temp, before):
+    """XLA:CPU's ConvCanonicalization transposes each operand of a convolution that is not in
+    Eigen's order (input batch, spatial..., feature; kernel spatial..., in, out) into a copy. The
+    estimate had no such buffers: a conv net's weight gradients held half XLA's temporaries (the
+    FSDP plans of conv nets 0.57-0.85x XLA's memory)."""
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs)
+    assert xla.memory.temp == temp
+    assert estimate(state).memory.temp == temp
+    assert estimate_memory(state).temp == before  # without the platform's rules
+
+
+def test_xla_cpu_reduce_scatters_into_a_whole_reduced_copy():
+    """XLA:CPU has no reduce-scatter: it all-reduces the whole partial result into a second buffer
+    of its size, then slices it; both live at once. A dense layer's weight gradient, FSDP over 8
+    devices: 256 KiB partial, 256 KiB reduced copy; the estimate had the partial only (0.56x)."""
+    state, xla = _laid_out_as_xla_lays_it_out(lambda x, y: x.T @ y, [jnp.ones((64, 256))] * 2, [P(D_M)] * 3)
+    assert [(op.kind, op.bytes) for op in xla.ops] == [("reduce-scatter", 262144)]
+    est = estimate(state).memory
+    assert est.temp == xla.memory.temp - 4 + 8192  # XLA: + partition-id; the estimate: the x.T copy
+    assert abs(est.peak / xla.memory_per_device - 1) < 0.02
+    assert estimate_memory(state).temp == est.temp - 262144
+
+
+@pytest.mark.parametrize("name, fn, shapes, specs, temp", [
+    # a kernel gathered on its input features (dim 2): gathered with dim 2 major, then copied
+    ("kernel on dim 2", _conv, [(8, 16, 16, 64), (3, 3, 64, 64)], [P(D_M), P(None, None, D_M), P(D_M)], 2 * 147456),
+    ("matrix on dim 1", lambda x, w: x @ w, [(64, 256), (256, 256)], [P(D_M), P(None, D_M), P(D_M)], 2 * 262144),
+    # gathered along its first dim: concatenated in place, no copy
+    ("matrix on dim 0", lambda x, w: x @ w, [(64, 256), (256, 256)], [P(D_M), P(D_M), P(D_M)], 262144),
+])
+def test_xla_cpu_gathers_along_a_minor_dim_into_a_copy(name, fn, shapes, specs, temp):
+    """XLA:CPU's all-gather concatenates along the most major dim: a weight gathered along a later
+    dim is gathered in a layout with that dim major, then copied into the row-major one, both
+    whole at once. The estimate had one buffer (FSDP plans that split a kernel's features)."""
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs)
+    assert [op.kind for op in xla.ops] == ["all-gather"]
+    assert xla.memory.temp == estimate(state).memory.temp == temp
+
