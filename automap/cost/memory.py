@@ -88,9 +88,9 @@ def temp_peak(
     if cpu:
         in_place = () if body else _copied_in_place(program, ops, outputs)
         spans.extend(cpu_spans(program, ops, index, reshards, size, body, state, _producers(program, ops), in_place))
-    for i, op, nbytes in _workspaces(program, ops):  # split as the op's first result is
-        out = op.outputs[0]
-        spans.append((i, i, nbytes * size(out) // max(program.values[out].nbytes, 1)))
+    for i, op, nbytes in _workspaces(program, ops, platform):  # split as its first result (or operand) is
+        like = op.inputs[0] if traits_of(op.primitive).workspace_split == "operand" else op.outputs[0]
+        spans.append((i, i, nbytes * size(like) // max(program.values[like].nbytes, 1)))
     steps = len(ops) + body  # a body ends with its combined reductions, after its last op
     delta = [0] * (steps + 1)
     for first, last, nbytes in spans:
@@ -232,16 +232,16 @@ def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_
     return got
 
 
-def _workspaces(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op, int]]:
-    """(position, op, global bytes) of the ops in ``ops`` whose traits declare a workspace: the
-    temporaries XLA's expansion of the op holds while it runs."""
-    key = ("workspaces", id(ops))
+def _workspaces(program: Program, ops: Sequence[Op], platform: str | None = None) -> list[tuple[int, Op, int]]:
+    """(position, op, global bytes) of the ops in ``ops`` whose traits declare a workspace on
+    ``platform``: the temporaries XLA's expansion of the op holds while it runs."""
+    key = ("workspaces", id(ops), platform)
     got = program.memo.get(key)
     if got is not None and got[0] is ops:
         return got[1]
     out = []
     for i, op in enumerate(ops):
-        fn = traits_of(op.primitive).workspace
+        fn = traits_of(op.primitive).workspace_on(platform)
         if fn is not None and op.outputs:
             out.append((i, op, fn(context(program, op), **op.params)))
     if isinstance(ops, tuple):
