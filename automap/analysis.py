@@ -89,6 +89,8 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
                 fax, templates = gathered
             else:
                 templates, detour = _idle_axis_detours(op, state, fax, templates)
+        elif op.primitive == "conv_general_dilated":
+            templates, detour = _idle_axis_detours(op, state, fax, templates)
         pieces = math.prod(sizes[a] for ax in fax.values() for a in ax) * detour
         got = sol.analysis = (fax, templates, pieces)
     return got
@@ -151,10 +153,12 @@ def _idle_axis_detours(op: Op, state: ShardingState, fax: dict[int, Axes], templ
     devices) and an all-gather over the idle axis; a result reduce-scatter over ``A`` (n devices,
     S bytes) an all-reduce over ``A`` of S/n and a collective-permute of S/n, the dot's work split n
     more ways. Twice the bytes the plain collective sends, on every dot measured (mesh 2x4 and
-    2x2, batched and plain, FSDP's weight gathers and gradient scatters with 'model' idle); an idle
-    axis smaller than the group leaves the plain collective. Other contractions (a ragged dot is
-    a masked dense dot on CPU) are left as they are: not measured."""
-    if not templates or op.primitive != "dot_general":  # measured on dot_general alone
+    2x2, batched and plain, FSDP's weight gathers and gradient scatters with 'model' idle), and on
+    convolutions, which XLA partitions as dots (a kernel gathered for the forward conv, its
+    gradient scattered, mesh 2x4: the resnet's fsdp_tp plan); an idle axis smaller than the group
+    leaves the plain collective. Other contractions (a ragged dot is a masked dense dot on CPU)
+    are left as they are: not measured."""
+    if not templates or op.primitive not in ("dot_general", "conv_general_dilated"):  # measured on these alone
         return templates, 1
     sizes = state.axes
     used = {a for axes in fax.values() for a in axes}
