@@ -126,7 +126,7 @@ def estimate(state: ShardingState, topology: Topology | None = None, *, donated:
             collectives.append(got[1])
             kept.append(r)
     collectives = _combined(program, kept, collectives, axes, topology, priced)
-    memory = estimate_memory(state, donated=donated, reshards=all_reshards)
+    memory = estimate_memory(state, donated=donated, reshards=all_reshards, platform=topology.platform)
     return Estimate(
         flops, dots, traffic, tuple(collectives), memory, compute, sum(c.time_s for c in collectives)
     )

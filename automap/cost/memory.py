@@ -11,6 +11,8 @@ value recomputed in the backward pass keeps its sources alive). An expensive ele
 is its record's ``memory`` trait (:data:`automap.rules.traits.Memory`). A ``scan`` adds the peak
 of its body (one iteration) while it runs; its stacked outputs are ordinary values. XLA schedules
 a loop body on its own: its gathers first, its gradient reductions last (:func:`_reshard_spans`).
+On a CPU topology the buffers XLA:CPU's compiler adds are counted too (:mod:`automap.cost.xla_cpu`:
+a reduce-scatter's whole reduced copy, a gather's layout copy, a convolution's transposed operands).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import math
 from typing import Callable, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
+from automap.cost.xla_cpu import conv_layout_copies, cpu_spans
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -63,7 +66,7 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
 def temp_peak(
     program: Program, state: ShardingState, ops: Sequence[Op], outputs: Sequence[int],
     reshards: Mapping[int, Sequence[Reshard]] = {}, buffers: Sequence[tuple[int, int]] = (),
-    body: bool = False,
+    body: bool = False, platform: str | None = None,
 ) -> int:
     """Peak bytes of live materialized temporaries while ``ops`` run (outputs excluded) that do
     not fit in ``buffers``: (op id that writes it, bytes) of the output buffers, which hold one
@@ -74,15 +77,20 @@ def temp_peak(
 
     Resharded operands are temporaries too: a gathered parameter lives from its first use to
     its last (XLA gathers it once and keeps it), an all-to-all copy for the op that needs it;
-    ``body``: ``ops`` are a loop body, which XLA schedules otherwise (:func:`_reshard_spans`)."""
-    live_ranges = _liveness(program, ops, outputs)
+    ``body``: ``ops`` are a loop body, which XLA schedules otherwise (:func:`_reshard_spans`);
+    ``platform``: what that platform's compiler adds (XLA:CPU: :func:`automap.cost.xla_cpu.cpu_spans`)."""
+    cpu = platform == "cpu"
+    live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body)
     index = live_ranges.index
     size = _sizer(state)
     spans = [(s, e, size(v)) for v, s, e in live_ranges.values]
     spans.extend(_reshard_spans(program, ops, index, reshards, body))
-    for i, op, nbytes in _workspaces(program, ops):  # split as the op's first result is
-        out = op.outputs[0]
-        spans.append((i, i, nbytes * size(out) // max(program.values[out].nbytes, 1)))
+    if cpu:
+        in_place = () if body else _copied_in_place(program, ops, outputs)
+        spans.extend(cpu_spans(program, ops, index, reshards, size, body, state, _producers(program, ops), in_place))
+    for i, op, nbytes in _workspaces(program, ops, platform):  # split as its first result (or operand) is
+        like = op.inputs[0] if traits_of(op.primitive).workspace_split == "operand" else op.outputs[0]
+        spans.append((i, i, nbytes * size(like) // max(program.values[like].nbytes, 1)))
     steps = len(ops) + body  # a body ends with its combined reductions, after its last op
     delta = [0] * (steps + 1)
     for first, last, nbytes in spans:
@@ -90,7 +98,8 @@ def temp_peak(
         delta[last + 1] -= nbytes
     live = list(itertools.accumulate(delta[:steps]))  # after each op starts
     for i, regions in live_ranges.regions:  # a body's own peak while its op runs
-        live[i] += max(temp_peak(program, state, r.ops, r.outputs, reshards, body=True) for r in regions)
+        live[i] += max(temp_peak(program, state, r.ops, r.outputs, reshards, body=True, platform=platform)
+                       for r in regions)
     if not buffers or not live:
         return max(max(live, default=0), 0)
     written = sorted((index.get(op, -1), nbytes) for op, nbytes in buffers)
@@ -136,6 +145,28 @@ def _reshard_spans(
     return [tuple(c) for c in copies.values()]
 
 
+def _copied_in_place(program: Program, ops: Sequence[Op], outputs: Sequence[int]) -> frozenset[int]:
+    """Values made in ``ops`` that only convolutions read, each through a transposed copy
+    (:func:`automap.cost.xla_cpu.conv_layout_copies`), and that are no output: XLA writes them transposed in the first
+    place (the transpose fuses into their producer), so the copy is their own buffer."""
+    key = ("copied_in_place", id(ops), tuple(outputs))
+    got = program.memo.get(key)
+    if got is not None and got[0] is ops:
+        return got[1]
+    copied: set[int] = set()
+    other: set[int] = set(outputs)
+    for op in ops:
+        flags = conv_layout_copies(op)[:2]
+        for k, v in enumerate(op.inputs):
+            (copied if k < len(flags) and flags[k] else other).add(v)
+        for region in op.regions:
+            other |= _reads(region.ops)
+    out = frozenset(v for v in copied - other if v in _producers(program, ops))
+    if isinstance(ops, tuple):
+        program.memo[key] = (ops, out)
+    return out
+
+
 def _producers(program: Program, ops: Sequence[Op]) -> Mapping[int, int]:
     """value id -> position in ``ops`` of the op that makes it (values made outside: absent)."""
     key = ("producers", id(ops))
@@ -163,21 +194,27 @@ class _Liveness:
     index: Mapping[int, int]
 
 
-def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int]) -> _Liveness:
-    key = ("liveness", id(ops), tuple(outputs))
+def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_copies: bool = False) -> _Liveness:
+    """``conv_copies``: a convolution reads a transposed copy of each operand XLA:CPU transposes
+    (:func:`automap.cost.xla_cpu.conv_layout_copies`), not the operand itself (the copy's span is
+    :func:`automap.cost.xla_cpu.cpu_spans`')."""
+    key = ("liveness", id(ops), tuple(outputs), conv_copies)
     got = program.memo.get(key)
     if got is not None and got.ops is ops:
         return got
     keep = materialized(ops, outputs)
     out_set = set(outputs)
+    own_copies = _copied_in_place(program, ops, outputs) if conv_copies else frozenset()
     start: dict[int, int] = {}
     end: dict[int, int] = {}
     for i, op in enumerate(ops):
         for v in op.outputs:
             if v in keep and v not in out_set and v not in start:
                 start[v] = i
-        for v in op.inputs:
-            end[v] = i
+        copied = conv_layout_copies(op)[:2] if conv_copies else ()
+        for k, v in enumerate(op.inputs):
+            if not (k < len(copied) and copied[k]) or v in own_copies:
+                end[v] = i
         for region in op.regions:  # outer values read inside the body stay live for the whole op
             for inner in _reads(region.ops):
                 end[inner] = i
@@ -195,16 +232,16 @@ def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int]) -> _L
     return got
 
 
-def _workspaces(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op, int]]:
-    """(position, op, global bytes) of the ops in ``ops`` whose traits declare a workspace: the
-    temporaries XLA's expansion of the op holds while it runs."""
-    key = ("workspaces", id(ops))
+def _workspaces(program: Program, ops: Sequence[Op], platform: str | None = None) -> list[tuple[int, Op, int]]:
+    """(position, op, global bytes) of the ops in ``ops`` whose traits declare a workspace on
+    ``platform``: the temporaries XLA's expansion of the op holds while it runs."""
+    key = ("workspaces", id(ops), platform)
     got = program.memo.get(key)
     if got is not None and got[0] is ops:
         return got[1]
     out = []
     for i, op in enumerate(ops):
-        fn = traits_of(op.primitive).workspace
+        fn = traits_of(op.primitive).workspace_on(platform)
         if fn is not None and op.outputs:
             out.append((i, op, fn(context(program, op), **op.params)))
     if isinstance(ops, tuple):
@@ -222,9 +259,11 @@ def _reads(ops: Sequence[Op]) -> set[int]:
 
 
 def estimate_memory(
-    state: ShardingState, *, donated: Iterable[int] = (), reshards: Iterable[Reshard] | None = None
+    state: ShardingState, *, donated: Iterable[int] = (), reshards: Iterable[Reshard] | None = None,
+    platform: str | None = None,
 ) -> MemoryEstimate:
-    """Per-device memory of the partitioned program (``donated``: input value ids given up).
+    """Per-device memory of the partitioned program (``donated``: input value ids given up;
+    ``platform``: the buffers its compiler adds, ``"cpu"``: :mod:`automap.cost.xla_cpu`).
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.ir.lower import lower
@@ -258,7 +297,8 @@ def estimate_memory(
     for r in all_reshards(state) if reshards is None else reshards:
         by_op.setdefault(r.op, []).append(r)
     # an output's buffer holds temporaries until the output is written: the temp is what does not fit
-    return MemoryEstimate(arguments, outputs, aliased, temp_peak(program, state, program.ops, outs, by_op, own))
+    temp = temp_peak(program, state, program.ops, outs, by_op, own, platform=platform)
+    return MemoryEstimate(arguments, outputs, aliased, temp)
 
 
 def _sizer(state: ShardingState) -> Callable[[int], int]:

@@ -2,6 +2,7 @@
 batched linear algebra (batch dims shared, matrix dims whole) and FFTs."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -96,8 +97,42 @@ def _ragged_dense_flops(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, 
     return groups * _ragged_flops(ctx, ragged_dot_dimension_numbers=dn, **params)
 
 
-@register("ragged_dot_general", traits=contraction(
-    _ragged_contracted, flops=_ragged_flops, platform_flops=(("cpu", _ragged_dense_flops), ("gpu", _ragged_dense_flops))))
+def _ragged_dense_workspace(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, **_: Any) -> int:
+    """Bytes of the masked copies the dense expansion of :func:`_ragged_dense_flops` makes: the lhs
+    once per group (``[g, m, k]``), and where the ragged dim is contracted (the weight gradient)
+    the rhs once per group too; none for a ragged batch dim. Split per device as the lhs.
+
+    >>> import jax
+    >>> from automap.rules.registry import RuleContext, Shaped
+    >>> dn = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
+    >>> ctx = RuleContext("ragged_dot_general", (Shaped((32, 16), "float32"), Shaped((4, 16, 8), "float32"),
+    ...                   Shaped((4,), "int32")), (Shaped((32, 8), "float32"),))
+    >>> _ragged_dense_workspace(ctx, ragged_dot_dimension_numbers=dn)  # 4 masked copies of the 2 KiB lhs
+    8192
+    """
+    dn = ragged_dot_dimension_numbers
+    (lc, _), (lb, _) = dn.dot_dimension_numbers
+    ragged = dn.lhs_ragged_dimensions[0]
+    if ragged in lb:
+        return 0
+    lhs, rhs, sizes = ctx.operands[:3]
+    groups = sizes.shape[-1]
+    expanded = [lhs] + ([rhs] if ragged in lc else [])
+    return groups * sum(_nbytes(x) for x in expanded)
+
+
+def _nbytes(x: Any) -> int:
+    import numpy as np
+
+    return math.prod(x.shape) * np.dtype(x.dtype).itemsize
+
+
+_DENSE_RAGGED = ("cpu", "gpu")  # the platforms that expand a ragged dot into a dense one
+
+
+@register("ragged_dot_general", traits=dataclasses.replace(contraction(
+    _ragged_contracted, flops=_ragged_flops, platform_flops=tuple((p, _ragged_dense_flops) for p in _DENSE_RAGGED)),
+    platform_workspace=tuple((p, _ragged_dense_workspace) for p in _DENSE_RAGGED), workspace_split="operand"))
 def _ragged_dot_general(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, **_: Any) -> FactorRule:
     """``lax.ragged_dot`` (mixture of experts): rows of ``lhs`` fall into ``g`` contiguous groups
     of ``group_sizes`` rows. A dot_general otherwise, except:

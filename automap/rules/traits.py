@@ -16,7 +16,9 @@ it, so that none of them keeps its own list of names:
 - ``lookup``: for an embedding-style lookup (``gather``), which operand is the table and which
   the indices (:class:`Lookup`).
 - ``workspace``: bytes of the temporaries XLA's expansion of the op holds while it runs, besides
-  its operands and results, ``workspace(ctx, **params)`` from the global shapes (None: none).
+  its operands and results, ``workspace(ctx, **params)`` from the global shapes (None: none),
+  split per device as its first result is (``workspace_split="operand"``: as its first operand);
+  ``platform_workspace``: where a platform expands the primitive otherwise, that platform's.
 
 Traits are declared with the rule: ``register(p, traits=...)`` or a family helper, whose
 defaults are the family constants here (``def_elementwise`` gives :data:`ELEMENTWISE`,
@@ -115,6 +117,8 @@ class Traits:
     lookup: Lookup | None = None
     workspace: BytesFn | None = None
     platform_flops: tuple[tuple[str, FlopsFn], ...] = ()  # (platform, flops) where it compiles otherwise
+    platform_workspace: tuple[tuple[str, BytesFn], ...] = ()  # (platform, workspace) where it compiles otherwise
+    workspace_split: Literal["result", "operand"] = "result"  # split per device as its first result or operand
     # (platform, factor(rule, **params)) where that platform's FLOPs grow with the square of one factor of the op's
     # rule (an expansion over its groups): per device they divide by the factor's split twice (None: no such factor)
     platform_quadratic: tuple[tuple[str, Callable[..., int | None]], ...] = ()
@@ -145,6 +149,14 @@ class Traits:
             if name == platform:
                 return fn
         return self.flops
+
+    def workspace_on(self, platform: str | None) -> BytesFn | None:
+        """The workspace function of what ``platform`` compiles: ``workspace`` unless
+        ``platform_workspace`` says otherwise (as :meth:`flops_on`)."""
+        for name, fn in self.platform_workspace:
+            if name == platform:
+                return fn
+        return self.workspace
 
     @property
     def materializing(self) -> bool:

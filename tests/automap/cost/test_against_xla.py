@@ -10,6 +10,7 @@ import automap
 import tactics
 from automap.analysis import reshards
 from automap.cost.estimate import estimate
+from automap.cost.memory import estimate_memory
 from automap.ir.lower import lower
 from automap.propagate import apply
 from automap.shardings import Action, ShardingState
@@ -314,3 +315,113 @@ def test_a_depthwise_kernel_gradient_is_partitioned_as_xla_partitions_it(axes, s
     assert state.specs.get(out, ((),) * 4) == want
     assert est.dot_flops == xla.dot_flops
     assert est.wire_bytes == xla.wire_bytes
+
+
+def _conv(x, w, numbers=("NHWC", "HWIO", "NHWC")):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=numbers)
+
+
+def _weight_step(x, dy, w):  # an SGD step on the kernel of one convolution
+    return w - 0.1 * jax.vjp(lambda w: _conv(x, w), w)[1](dy)[0]
+
+
+def _input_gradient(w, dy):
+    return jax.vjp(lambda x: _conv(x, w), jnp.ones((8, 16, 16, 16)))[1](dy)[0]
+
+
+@pytest.mark.parametrize("name, fn, shapes, specs, temp, before", [
+    # the weight gradient: the batch is its contraction, so its input and its cotangent are each
+    # transposed (16 KiB a device); its result is transposed after they are freed
+    ("weight gradient", _weight_step, [(8, 16, 16, 16), (8, 16, 16, 16), (3, 3, 16, 16)],
+     [P(D_M), P(D_M), P(), P()], 32768, 9216),
+    # the input gradient: its kernel (in and out swapped, reversed) is written transposed by the
+    # reverse itself: no copy besides it
+    ("input gradient", _input_gradient, [(3, 3, 16, 16), (8, 16, 16, 16)], [P(), P(D_M), P(D_M)], 9216, 9216),
+    # an NCHW / OIHW convolution (equinox's): the input and the kernel are copied
+    ("NCHW forward", lambda x, w: _conv(x, w, ("NCHW", "OIHW", "NCHW")), [(8, 16, 16, 16), (16, 16, 3, 3)],
+     [P(D_M), P(), P(D_M)], 16384 + 9216, 0),
+])
+def test_xla_cpu_runs_a_convolution_on_copies_in_eigens_dimension_order(name, fn, shapes, specs, temp, before):
+    """XLA:CPU's ConvCanonicalization transposes each operand of a convolution that is not in
+    Eigen's order (input batch, spatial..., feature; kernel spatial..., in, out) into a copy. The
+    estimate had no such buffers: a conv net's weight gradients held half XLA's temporaries (the
+    FSDP plans of conv nets 0.57-0.85x XLA's memory)."""
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs)
+    assert xla.memory.temp == temp
+    assert estimate(state).memory.temp == temp
+    assert estimate_memory(state).temp == before  # without the platform's rules
+
+
+def test_xla_cpu_reduce_scatters_into_a_whole_reduced_copy():
+    """XLA:CPU has no reduce-scatter: it all-reduces the whole partial result into a second buffer
+    of its size, then slices it; both live at once. A dense layer's weight gradient, FSDP over 8
+    devices: 256 KiB partial, 256 KiB reduced copy; the estimate had the partial only (0.56x)."""
+    state, xla = _laid_out_as_xla_lays_it_out(lambda x, y: x.T @ y, [jnp.ones((64, 256))] * 2, [P(D_M)] * 3)
+    assert [(op.kind, op.bytes) for op in xla.ops] == [("reduce-scatter", 262144)]
+    est = estimate(state).memory
+    assert est.temp == xla.memory.temp - 4 + 8192  # XLA: + partition-id; the estimate: the x.T copy
+    assert abs(est.peak / xla.memory_per_device - 1) < 0.02
+    assert estimate_memory(state).temp == est.temp - 262144
+
+
+@pytest.mark.parametrize("name, fn, shapes, specs, temp", [
+    # a kernel gathered on its input features (dim 2): gathered with dim 2 major, then copied
+    ("kernel on dim 2", _conv, [(8, 16, 16, 64), (3, 3, 64, 64)], [P(D_M), P(None, None, D_M), P(D_M)], 2 * 147456),
+    ("matrix on dim 1", lambda x, w: x @ w, [(64, 256), (256, 256)], [P(D_M), P(None, D_M), P(D_M)], 2 * 262144),
+    # gathered along its first dim: concatenated in place, no copy
+    ("matrix on dim 0", lambda x, w: x @ w, [(64, 256), (256, 256)], [P(D_M), P(D_M), P(D_M)], 262144),
+])
+def test_xla_cpu_gathers_along_a_minor_dim_into_a_copy(name, fn, shapes, specs, temp):
+    """XLA:CPU's all-gather concatenates along the most major dim: a weight gathered along a later
+    dim is gathered in a layout with that dim major, then copied into the row-major one, both
+    whole at once. The estimate had one buffer (FSDP plans that split a kernel's features)."""
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs)
+    assert [op.kind for op in xla.ops] == ["all-gather"]
+    assert xla.memory.temp == estimate(state).memory.temp == temp
+
+
+def test_xla_cpu_runs_a_ragged_dot_on_a_masked_copy_per_group():
+    """JAX lowers ``ragged_dot`` for CPU as a dense dot of the lhs masked once per group
+    (``[g, m, k]``), and its weight gradient masks the cotangent per group too: 4 groups of a
+    64 KiB lhs hold 256 KiB, which the estimate counted as nothing (the ragged MoE's FSDP plans
+    0.58x XLA's memory)."""
+    sizes = jnp.array([64, 64, 64, 64], jnp.int32)
+    x, w, dy = jnp.ones((256, 64)), jnp.ones((4, 64, 32)), jnp.ones((256, 32))
+    state, xla = _laid_out_as_xla_lays_it_out(lambda x, w: jax.lax.ragged_dot(x, w, sizes), [x, w], [P(), P(), P()])
+    assert estimate(state).memory.temp == 4 * 65536
+    assert xla.memory.temp == 4 * 65536 + 32768  # and a copy of the weights
+    grad = lambda x, dy: jax.vjp(lambda w: jax.lax.ragged_dot(x, w, sizes), w)[1](dy)[0]  # noqa: E731
+    state, xla = _laid_out_as_xla_lays_it_out(grad, [x, dy], [P(), P(), P()])
+    assert estimate(state).memory.temp == xla.memory.temp == 4 * (65536 + 32768)
+
+
+@pytest.mark.parametrize("name, fn, shapes, specs, want", [
+    # FSDP's kernel gather for the forward conv, 'model' idle: a permute of a quarter, a gather over model
+    ("kernel gathered", _conv, [(8, 16, 16, 16), (3, 3, 16, 16)], [P("data"), P(None, None, None, "data"), P("data")],
+     [("all-gather", ("model",), 9216), ("collective-permute", D_M, 2304)]),
+    # its gradient scattered: the conv split over model too, an all-reduce and a permute of half
+    ("gradient scattered", _weight_step, [(8, 16, 16, 16), (8, 16, 16, 16), (3, 3, 16, 16)],
+     [P("data"), P("data"), P(None, None, None, "data"), P(None, None, None, "data")],
+     [("all-reduce", ("data",), 4608), ("collective-permute", D_M, 4608)]),
+    # a kernel split on its input features (summed), a 2 KiB result: the sum split over model,
+    # the 2 KiB partial results all-reduced over it rather than the 18 KiB kernel gathered
+    ("summed dim, small result", _conv, [(8, 4, 4, 64), (3, 3, 64, 8)], [P("data"), P(None, None, "data"), P("data")],
+     [("all-reduce", ("model",), 2048), ("collective-permute", D_M, 4608)]),
+    # a 64 KiB result: the 9 KiB kernel gathered
+    ("summed dim, large result", _conv, [(8, 16, 16, 16), (3, 3, 16, 16)], [P("data"), P(None, None, "data"), P("data")],
+     [("all-gather", ("model",), 9216), ("collective-permute", D_M, 2304)]),
+    # a dot does the same: w split on its rows, a 1 KiB result
+    ("dot, summed dim, small result", lambda x, w: x @ w, [(8, 256), (256, 64)], [P("data"), P("data"), P("data")],
+     [("all-reduce", ("model",), 1024), ("collective-permute", D_M, 16384)]),
+])
+def test_a_convolution_leaving_a_mesh_axis_idle_is_split_over_it_too(name, fn, shapes, specs, want):
+    """XLA partitions a convolution as a dot: one that leaves a mesh axis idle splits over it and
+    moves the pieces with a collective-permute (twice the plain collective's bytes, the weight
+    gradient's FLOPs halved); an operand gathered along a summed dim whose result is small is
+    summed over the idle axis instead (the work split 4 more ways). The estimate had the plain
+    gather and scatter: the resnet's fsdp_tp plan 0.56x XLA's bytes sent and 1.56x its conv FLOPs."""
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs)
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    est = estimate(state)
+    assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops

@@ -1,0 +1,127 @@
+"""The buffers XLA:CPU's compiler adds to a program beyond its values, as the memory estimate
+(:mod:`automap.cost.memory`) adds them: read off what XLA:CPU compiles (buffer assignment and
+schedule of small programs, ``tests/automap/cost/test_against_xla.py``). Each rule is applied only
+when the estimate's topology is a CPU one (:attr:`automap.cost.topology.Topology.platform`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Collection, Mapping, Sequence
+
+from automap.analysis import Reshard
+from automap.ir.program import Op, Program
+from automap.shardings import ShardingState
+
+__all__ = ["conv_layout_copies", "cpu_spans", "gathers_minor"]
+
+
+def conv_layout_copies(op: Op) -> tuple[bool, bool, bool]:
+    """Whether XLA:CPU runs ``op`` (a ``conv_general_dilated``) on a transposed copy of its input,
+    of its kernel, and writes its result transposed from a copy: its ``ConvCanonicalization`` pass
+    gives every convolution that is not in Eigen's order (input and result batch, spatial...,
+    feature; kernel spatial..., in, out) a transpose of each operand and of the result into that
+    order, and each transpose that is not the identity is a copy. The forward conv of NHWC/HWIO
+    code needs none; its weight gradient transposes all three (the batch is its contraction); its
+    input gradient the kernel (in and out swapped). (False, False, False) for other ops and for
+    grouped convs (XLA rewrites those first).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    >>> x, w = jnp.ones((2, 8, 8, 4)), jnp.ones((3, 3, 4, 4))
+    >>> prog = lower(jax.make_jaxpr(jax.grad(lambda x, w: (conv(x, w) ** 2).sum(), (0, 1)))(x, w), ["x", "w"], ["dx", "dw"])
+    >>> [conv_layout_copies(op) for op in prog.ops if op.primitive == "conv_general_dilated"]  # forward, weight and input gradients
+    [(False, False, False), (True, True, True), (False, True, False)]
+    """
+    numbers = op.params.get("dimension_numbers") if op.primitive == "conv_general_dilated" else None
+    if numbers is None or op.params.get("feature_group_count", 1) != 1 or op.params.get("batch_group_count", 1) != 1:
+        return (False, False, False)
+    lhs, rhs, out = numbers  # (batch, feature, spatial...), (out, in, spatial...), (batch, feature, spatial...)
+    n = len(lhs)
+
+    def activation(spec: Sequence[int]) -> bool:  # not (batch, spatial..., feature) in memory order
+        return tuple(spec) != (0, n - 1, *range(1, n - 1))
+
+    return activation(lhs), tuple(rhs) != (n - 1, n - 2, *range(n - 2)), activation(out)
+
+
+def cpu_spans(
+    program: Program, ops: Sequence[Op], index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]],
+    size: Callable[[int], int], body: bool, state: ShardingState, made: Mapping[int, int], in_place: Collection[int],
+) -> list[tuple[int, int, int]]:
+    """(first, last, bytes) of the buffers XLA:CPU adds to ``ops``:
+
+    - a reduce-scatter is an all-reduce into a buffer of the whole result, then a slice: the
+      reduced copy lives next to the partial result at its op (in a loop body both already wait
+      for the combined reduction, :func:`_reshard_spans`);
+    - an all-gather along a dim after one of more than one element (:func:`gathers_minor`)
+      gathers into a buffer with that dim major and copies it into the row-major layout: the
+      gathered operand is there twice at its first use;
+    - a convolution out of Eigen's order (:func:`conv_layout_copies`) reads transposed copies of
+      its operands, each made when the operand is (XLA schedules the transpose right after its
+      source; a program input's at the start) and kept until the convolution, which reads them
+      instead of the operand (an operand only such convolutions read is written transposed in the
+      first place: ``in_place``; a resharded one, gathered whole, is copied at the
+      op). Its result, written in Eigen's order and then transposed, adds nothing: the transpose
+      runs after the operands' copies are freed (XLA's measure of a weight gradient and of an
+      NCHW convolution). Only in the entry computation (loop bodies are not canonicalised).
+
+    ``index``: op id -> position in ``ops``; ``made``: value -> position of the op in ``ops`` that
+    makes it (absent: made before, a program input at the start); ``size``: bytes per device."""
+    spans = []
+    for op_id, rs in reshards.items():
+        i = index.get(op_id)
+        if i is None:
+            continue
+        for r in rs:
+            if r.where == "result" and r.kind == "reduce-scatter" and not body:
+                spans.append((i, i, r.bytes))
+            elif r.where == "operand" and r.kind == "all-gather" and not r.reused \
+                    and gathers_minor(program.values[r.value].shape, state.specs.get(r.value), r.axes, state.axes):
+                spans.append((i, i, r.bytes))
+    if body:
+        return spans
+    for i, op, copies in _convs_copying(program, ops):
+        rs = reshards.get(op.id, ())
+        for v, copied in zip(op.inputs[:2], copies[:2]):
+            gathered = [r.bytes for r in rs if r.where == "operand" and r.value == v]
+            if copied and gathered:  # the resharded operand is copied at the op
+                spans.append((i, i, max(gathered)))
+            elif copied and v not in in_place:
+                spans.append((made.get(v, 0), i, size(v)))
+    return spans
+
+
+def _convs_copying(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op, tuple[bool, bool, bool]]]:
+    """(position, op, :func:`conv_layout_copies`) of the convolutions in ``ops`` that copy an operand."""
+    key = ("convs_copying", id(ops))
+    got = program.memo.get(key)
+    if got is not None and got[0] is ops:
+        return got[1]
+    out = [(i, op, c) for i, op in enumerate(ops) if op.primitive == "conv_general_dilated"
+           for c in [conv_layout_copies(op)] if any(c[:2])]
+    if isinstance(ops, tuple):
+        program.memo[key] = (ops, out)
+    return out
+
+
+def gathers_minor(shape: Sequence[int], spec: Sequence[Sequence[str]] | None, axes: Sequence[str],
+                  sizes: Mapping[str, int]) -> bool:
+    """Whether gathering ``axes`` of a value of ``shape`` laid out as ``spec`` gathers along a dim
+    after one that holds more than one element a device: XLA:CPU's all-gather concatenates along
+    the most major dim, so it gathers into a buffer with that dim major, then copies that into the
+    row-major layout (``{2,1,0,3}`` then ``{3,2,1,0}`` for a kernel gathered on its dim 3).
+
+    >>> sizes = {"data": 8}
+    >>> gathers_minor((256, 64), (("data",), ()), ("data",), sizes), gathers_minor((256, 64), ((), ("data",)), ("data",), sizes)
+    (False, True)
+    >>> gathers_minor((1, 1, 256), ((), (), ("data",)), ("data",), sizes)  # the dims before it are 1
+    False
+    """
+    if not spec:
+        return False
+    gathered = [d for d, dim in enumerate(spec) if any(a in axes for a in dim)]
+    if not gathered:
+        return False
+    kept = [math.prod(sizes[a] for a in dim if a not in axes) for dim in spec]
+    return any(shape[d] // kept[d] > 1 for d in range(gathered[0]))
