@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from typing import Callable, Collection, Mapping, Sequence
 
-from automap.analysis import Reshard
+from automap.analysis import Reshard, execution_factors
 from automap.ir.program import Op, Program
+from automap.rules import traits_of
 from automap.shardings import ShardingState
 
 __all__ = ["conv_layout_copies", "cpu_spans", "gathers_minor"]
@@ -57,6 +58,9 @@ def cpu_spans(
     - an all-gather along a dim after one of more than one element (:func:`gathers_minor`)
       gathers into a buffer with that dim major and copies it into the row-major layout: the
       gathered operand is there twice at its first use;
+    - a batch-grouped convolution (a depthwise conv's kernel gradient) is expanded into a dense
+      one over the groups a device holds (:func:`_local_groups`): its result that many times
+      over, twice, while it runs;
     - a convolution out of Eigen's order (:func:`conv_layout_copies`) reads transposed copies of
       its operands, each made when the operand is (XLA schedules the transpose right after its
       source; a program input's at the start) and kept until the convolution, which reads them
@@ -79,6 +83,8 @@ def cpu_spans(
             elif r.where == "operand" and r.kind == "all-gather" and not r.reused \
                     and gathers_minor(program.values[r.value].shape, state.specs.get(r.value), r.axes, state.axes):
                 spans.append((i, i, r.bytes))
+    for i, op in _batch_grouped(program, ops):
+        spans.append((i, i, 2 * size(op.outputs[0]) * _local_groups(op, state)))
     if body:
         return spans
     for i, op, copies in _convs_copying(program, ops):
@@ -90,6 +96,33 @@ def cpu_spans(
             elif copied and v not in in_place:
                 spans.append((made.get(v, 0), i, size(v)))
     return spans
+
+
+def _batch_grouped(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op]]:
+    """(position, op) of the batch-grouped convolutions in ``ops`` (a depthwise conv's kernel gradient)."""
+    key = ("batch_grouped", id(ops))
+    got = program.memo.get(key)
+    if got is not None and got[0] is ops:
+        return got[1]
+    out = [(i, op) for i, op in enumerate(ops)
+           if op.primitive == "conv_general_dilated" and op.params.get("batch_group_count", 1) > 1]
+    if isinstance(ops, tuple):
+        program.memo[key] = (ops, out)
+    return out
+
+
+def _local_groups(op: Op, state: ShardingState) -> int:
+    """A batch-grouped convolution's groups on one device: XLA:CPU expands it into a dense
+    convolution over them and keeps the diagonal, so its result is there that many times over,
+    twice (the dense result and its masked copy: a 7x7 depthwise kernel gradient over 32
+    channels holds 401,408 B of temporaries for a 6,272 B kernel, 25,088 B with the channels
+    split 4 ways)."""
+    groups = op.params["batch_group_count"]
+    factor = traits_of(op.primitive).quadratic_on("cpu")
+    f = factor(op.rule, **op.params) if factor is not None and op.rule is not None else None
+    if f is None:
+        return groups
+    return groups // math.prod(state.axes[a] for a in execution_factors(op, state).get(f, ()))
 
 
 def _convs_copying(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op, tuple[bool, bool, bool]]]:
