@@ -209,7 +209,8 @@ def test_incremental_cost_analysis_and_keys_match_fresh_ones(name, seed, monkeyp
         assert s.key() == frozenset(s.specs.items()) == f.key()
         assert op_analyses(s) == op_analyses(f)
     monkeypatch.setattr(module, "_op_totals", lambda program, analyses, axes, device, platform: module._op_totals_loop(
-        program, module._OpCosts.of(program, platform).static, analyses, axes, device))
+        program, (costs := module._OpCosts.of(program, platform)).static, analyses, module._split(costs, analyses, axes),
+        axes, device))
     assert got == [estimate(f) for f in fresh]
     assert any(e.comm_time_s > 0 for e in got) or name == "square"
     assert all(math.isfinite(e.time_s) for e in got)
