@@ -149,34 +149,23 @@ def _copied_in_place(program: Program, ops: Sequence[Op], outputs: Sequence[int]
     """Values made in ``ops`` that only convolutions read, each through a transposed copy
     (:func:`automap.cost.xla_cpu.conv_layout_copies`), and that are no output: XLA writes them transposed in the first
     place (the transpose fuses into their producer), so the copy is their own buffer."""
-    key = ("copied_in_place", id(ops), tuple(outputs))
-    got = program.memo.get(key)
-    if got is not None and got[0] is ops:
-        return got[1]
-    copied: set[int] = set()
-    other: set[int] = set(outputs)
-    for op in ops:
-        flags = conv_layout_copies(op)[:2]
-        for k, v in enumerate(op.inputs):
-            (copied if k < len(flags) and flags[k] else other).add(v)
-        for region in op.regions:
-            other |= _reads(region.ops)
-    out = frozenset(v for v in copied - other if v in _producers(program, ops))
-    if isinstance(ops, tuple):
-        program.memo[key] = (ops, out)
-    return out
+    def compute() -> frozenset[int]:
+        copied: set[int] = set()
+        other: set[int] = set(outputs)
+        for op in ops:
+            flags = conv_layout_copies(op)[:2]
+            for k, v in enumerate(op.inputs):
+                (copied if k < len(flags) and flags[k] else other).add(v)
+            for region in op.regions:
+                other |= _reads(region.ops)
+        return frozenset(v for v in copied - other if v in _producers(program, ops))
+
+    return program.memo_of(ops, ("copied_in_place", tuple(outputs)), compute)
 
 
 def _producers(program: Program, ops: Sequence[Op]) -> Mapping[int, int]:
     """value id -> position in ``ops`` of the op that makes it (values made outside: absent)."""
-    key = ("producers", id(ops))
-    got = program.memo.get(key)
-    if got is not None and got[0] is ops:
-        return got[1]
-    out = {v: i for i, op in enumerate(ops) for v in op.outputs}
-    if isinstance(ops, tuple):
-        program.memo[key] = (ops, out)
-    return out
+    return program.memo_of(ops, ("producers",), lambda: {v: i for i, op in enumerate(ops) for v in op.outputs})
 
 
 _REUSE_CANDIDATES = 4  # the highest points of the live temporaries where reuse is worked out
@@ -235,18 +224,15 @@ def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_
 def _workspaces(program: Program, ops: Sequence[Op], platform: str | None = None) -> list[tuple[int, Op, int]]:
     """(position, op, global bytes) of the ops in ``ops`` whose traits declare a workspace on
     ``platform``: the temporaries XLA's expansion of the op holds while it runs."""
-    key = ("workspaces", id(ops), platform)
-    got = program.memo.get(key)
-    if got is not None and got[0] is ops:
-        return got[1]
-    out = []
-    for i, op in enumerate(ops):
-        fn = traits_of(op.primitive).workspace_on(platform)
-        if fn is not None and op.outputs:
-            out.append((i, op, fn(context(program, op), **op.params)))
-    if isinstance(ops, tuple):
-        program.memo[key] = (ops, out)
-    return out
+    def compute() -> list[tuple[int, Op, int]]:
+        out = []
+        for i, op in enumerate(ops):
+            fn = traits_of(op.primitive).workspace_on(platform)
+            if fn is not None and op.outputs:
+                out.append((i, op, fn(context(program, op), **op.params)))
+        return out
+
+    return program.memo_of(ops, ("workspaces", platform), compute)
 
 
 def _reads(ops: Sequence[Op]) -> set[int]:

@@ -100,15 +100,9 @@ def cpu_spans(
 
 def _batch_grouped(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op]]:
     """(position, op) of the batch-grouped convolutions in ``ops`` (a depthwise conv's kernel gradient)."""
-    key = ("batch_grouped", id(ops))
-    got = program.memo.get(key)
-    if got is not None and got[0] is ops:
-        return got[1]
-    out = [(i, op) for i, op in enumerate(ops)
-           if op.primitive == "conv_general_dilated" and op.params.get("batch_group_count", 1) > 1]
-    if isinstance(ops, tuple):
-        program.memo[key] = (ops, out)
-    return out
+    return program.memo_of(ops, ("batch_grouped",), lambda: [
+        (i, op) for i, op in enumerate(ops)
+        if op.primitive == "conv_general_dilated" and op.params.get("batch_group_count", 1) > 1])
 
 
 def _local_groups(op: Op, state: ShardingState) -> int:
@@ -127,15 +121,9 @@ def _local_groups(op: Op, state: ShardingState) -> int:
 
 def _convs_copying(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op, tuple[bool, bool, bool]]]:
     """(position, op, :func:`conv_layout_copies`) of the convolutions in ``ops`` that copy an operand."""
-    key = ("convs_copying", id(ops))
-    got = program.memo.get(key)
-    if got is not None and got[0] is ops:
-        return got[1]
-    out = [(i, op, c) for i, op in enumerate(ops) if op.primitive == "conv_general_dilated"
-           for c in [conv_layout_copies(op)] if any(c[:2])]
-    if isinstance(ops, tuple):
-        program.memo[key] = (ops, out)
-    return out
+    return program.memo_of(ops, ("convs_copying",), lambda: [
+        (i, op, c) for i, op in enumerate(ops) if op.primitive == "conv_general_dilated"
+        for c in [conv_layout_copies(op)] if any(c[:2])])
 
 
 def gathers_minor(shape: Sequence[int], spec: Sequence[Sequence[str]] | None, axes: Sequence[str],

@@ -14,11 +14,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, TypeVar
 
 import numpy as np
 
 from automap.rules.registry import FactorRule
+
+_T = TypeVar("_T")
 
 Phase = Literal["input", "forward", "backward", "optimizer"]
 ValueKind = Literal["input", "intermediate", "literal", "const", "region_input"]
@@ -153,6 +155,27 @@ class Program:
 
     def value(self, vid: int) -> Value:
         return self.values[vid]
+
+    def memo_of(self, ops: Sequence[Op], key: tuple, compute: Callable[[], _T]) -> _T:
+        """``compute()``, derived from ``ops`` (the program's op tuple or a region's), memoised
+        under ``key`` for as long as that very tuple is the one asked about (a list of ops, made
+        for one call, is computed afresh).
+
+        >>> import jax, jax.numpy as jnp
+        >>> from automap.ir.lower import lower
+        >>> prog = lower(jax.make_jaxpr(lambda x: jnp.tanh(x) * 2)(jnp.ones(4)), ["x"], ["y"])
+        >>> count = lambda: len(prog.ops)
+        >>> prog.memo_of(prog.ops, ("count",), count), prog.memo_of(prog.ops, ("count",), lambda: -1)  # the memo
+        (2, 2)
+        """
+        full = (key, id(ops))
+        got = self.memo.get(full)
+        if got is not None and got[0] is ops:
+            return got[1]
+        out = compute()
+        if isinstance(ops, tuple):
+            self.memo[full] = (ops, out)
+        return out
 
     def walk(self) -> Iterator[tuple[Op, int]]:
         """Every op, nested regions included (after their op), with its trip multiplier."""
