@@ -107,7 +107,9 @@ def whole_mesh_fsdp(space: SearchSpace) -> Plan | None:
     split over all of them, as an expert writes FSDP for the whole mesh), a plan no composition of
     the macros makes (``fsdp`` on a second axis splits a second dim); None without ``fsdp`` among
     the macros, with fewer than two free axes, or when it changes nothing. One of the final
-    candidates XLA measures (:func:`search.mcts._alternatives`; memoised per space)."""
+    candidates XLA measures (:func:`search.mcts._alternatives`; memoised per space). Example: in
+    :func:`tactic_compositions`' doctest.
+    """
     if "whole_mesh_fsdp" not in space.memo:
         plan = None
         free = tuple(a for a in space.axes if a not in used_axes(space.root, space.axes))
@@ -153,6 +155,9 @@ def tactic_compositions(space: SearchSpace, limit: int) -> list[tuple[Move, ...]
     (15, ['fsdp(data)', 'fsdp(model)'])
     >>> len(compositions(space))  # distinct plans, in any order of the axes (the two like axes: one)
     2
+    >>> joint = whole_mesh_fsdp(space)  # ZeRO-3 over both axes: the weight's dim 0 over ('data', 'model')
+    >>> joint.moves, joint.state.spec(prog.inputs[0])
+    ((TacticAction(tactic='fsdp', axis=('data', 'model')),), (('data', 'model'), ()))
     >>> expert_ceiling(space).source  # this tiny step is fastest unsharded: nothing may be sent
     'the plan before the search'
     >>> from search.ilp import combinations, starts  # the exact solver's starts: the root and each composition

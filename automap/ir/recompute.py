@@ -156,7 +156,17 @@ def _block_ops(program: Program, block: str) -> list[Op]:
 def recompute_units(program: Program) -> tuple[str, ...]:
     """What the search may recompute: the repeated blocks (:func:`repeated_blocks`), or, in a
     model without any, the segments of its forward (:func:`~automap.ir.segments.forward_segments`)
-    that can be recomputed."""
+    that can be recomputed.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> def loss(w1, w2, x):  # two layers of distinct shapes: no repeated block
+    ...     return jnp.sin(jnp.tanh(x @ w1) @ w2).sum()
+    >>> prog = lower(jax.make_jaxpr(jax.grad(loss, (0, 1)))(jnp.ones((4, 8)), jnp.ones((8, 2)), jnp.ones((3, 4))),
+    ...              ["w1", "w2", "x"], ["g1", "g2"])
+    >>> recompute_units(prog)  # the first segment is named after the first 2-d input read, here the batch
+    ('forward from x', 'forward from w2')
+    """
     return repeated_blocks(program) or tuple(s for s in forward_segments(program) if _block_ops(program, s))
 
 

@@ -125,7 +125,13 @@ class Traits:
 
     def quadratic_on(self, platform: str | None) -> Callable[..., int | None] | None:
         """The ``platform_quadratic`` factor function of ``platform`` (None: the FLOPs are linear in every
-        factor, as the op's own arithmetic is)."""
+        factor, as the op's own arithmetic is).
+
+        >>> from automap.rules import traits_of
+        >>> t = traits_of("conv_general_dilated")  # XLA:CPU expands a batch-grouped conv over its groups
+        >>> t.quadratic_on("cpu") is not None, t.quadratic_on("tpu")
+        (True, None)
+        """
         return next((fn for name, fn in self.platform_quadratic if name == platform), None)
 
     def __post_init__(self) -> None:
