@@ -9,6 +9,7 @@ import math
 from typing import Callable, Collection, Mapping, Sequence
 
 from automap.analysis import Reshard, execution_factors
+from automap.factors import compose_dim
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState
@@ -84,7 +85,7 @@ def cpu_spans(
                     and gathers_minor(program.values[r.value].shape, state.specs.get(r.value), r.axes, state.axes):
                 spans.append((i, i, r.bytes))
     for i, op in _batch_grouped(program, ops):
-        spans.append((i, i, 2 * size(op.outputs[0]) * _local_groups(op, state)))
+        spans.append((i, i, 2 * _computed_result_bytes(op, state) * _local_groups(op, state)))
     if body:
         return spans
     for i, op, copies in _convs_copying(program, ops):
@@ -103,6 +104,16 @@ def _batch_grouped(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op]]:
     return program.memo_of(ops, ("batch_grouped",), lambda: [
         (i, op) for i, op in enumerate(ops)
         if op.primitive == "conv_general_dilated" and op.params.get("batch_group_count", 1) > 1])
+
+
+def _computed_result_bytes(op: Op, state: ShardingState) -> int:
+    """Bytes of ``op``'s result on one device as the op computes it (:func:`execution_factors`),
+    before a partial sum is reduced into its stored layout: a kernel gradient over examples split
+    across the devices is computed whole on each, then reduce-scattered."""
+    fax = execution_factors(op, state)
+    dims = op.rule.results[0] if op.rule is not None else ()
+    spec = tuple(compose_dim(fs, fax, op.rule, state.axes) if fs else () for fs in dims)
+    return state.program.values[op.outputs[0]].nbytes // math.prod(state.axes[a] for axes in spec for a in axes)
 
 
 def _local_groups(op: Op, state: ShardingState) -> int:
