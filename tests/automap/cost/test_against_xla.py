@@ -286,6 +286,17 @@ def test_a_loop_invariant_weight_is_gathered_once_before_the_loop():
 _KERNEL_GRAD = jax.lax.ConvDimensionNumbers((3, 0, 1, 2), (3, 0, 1, 2), (2, 3, 0, 1))  # as jax.grad writes it
 
 
+def _depthwise_kernel_gradient():
+    """(x, the kernel gradient of a 16-channel depthwise conv as jax.grad writes it, its program)."""
+    x = jnp.ones((8, 4, 4, 16))
+
+    def fn(x):
+        return jax.lax.conv_general_dilated(x, x * 2.0, (1, 1), ((1, 1), (1, 1)), dimension_numbers=_KERNEL_GRAD,
+                                            batch_group_count=16)
+
+    return x, fn, lower(jax.make_jaxpr(fn)(x), ["x"], ["k"])
+
+
 @pytest.mark.parametrize("axes, spec", [({"data": 8}, P("data")), ({"data": 2, "model": 4}, P(("data", "model"))),
                                         ({"data": 2, "model": 4}, P("data", None, None, "model")),
                                         ({"data": 2, "model": 4}, P(None, None, None, "model"))])
@@ -297,13 +308,7 @@ def test_a_depthwise_kernel_gradient_is_partitioned_as_xla_partitions_it(axes, s
     with their square (12.8e6 compiled for 401,408 of arithmetic on one device). (Left out: the
     examples on data of a 2x4 mesh, model unused: XLA all-reduces the partial kernel over all 8
     devices, 1,008 B on the wire where the estimate sends 576 over data.)"""
-    x = jnp.ones((8, 4, 4, 16))
-
-    def fn(x):
-        return jax.lax.conv_general_dilated(x, x * 2.0, (1, 1), ((1, 1), (1, 1)), dimension_numbers=_KERNEL_GRAD,
-                                            batch_group_count=16)
-
-    prog = lower(jax.make_jaxpr(fn)(x), ["x"], ["k"])
+    x, fn, prog = _depthwise_kernel_gradient()
     (xv,), (out,) = prog.inputs, prog.outputs
     actions = [Action(xv, d, a) for d, entry in enumerate(spec) for a in ((entry,) if isinstance(entry, str) else
                                                                          (entry or ()))]
@@ -326,13 +331,7 @@ def test_a_kernel_gradient_stored_split_is_expanded_whole_before_its_reduce_scat
     (two 16x3x3x16 copies), then reduce-scatters it. The estimate sized the expansion by the
     stored slice (2 channels): 5,576 B against XLA's 19,532 (now 21,704; 0.39x XLA's memory on a
     held-out nnx ConvNeXt's FSDP plan, now 0.97x)."""
-    x = jnp.ones((8, 4, 4, 16))
-
-    def fn(x):
-        return jax.lax.conv_general_dilated(x, x * 2.0, (1, 1), ((1, 1), (1, 1)), dimension_numbers=_KERNEL_GRAD,
-                                            batch_group_count=16)
-
-    prog = lower(jax.make_jaxpr(fn)(x), ["x"], ["k"])
+    x, fn, prog = _depthwise_kernel_gradient()
     (xv,), (out,) = prog.inputs, prog.outputs
     state = apply(ShardingState.initial(prog, {"data": 8}), [Action(xv, 0, "data"), Action(out, 3, "data")])
     xla = _compiled(fn, x, {"data": 8}, P("data"), P(None, None, None, "data"))
