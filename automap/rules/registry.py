@@ -5,7 +5,10 @@ and results move together. Every dimension is a tuple of factor indices (major t
 reshape merges or splits factors, so a dim may hold several); ``()`` marks a dimension that can
 never be sharded (size one, or an index dimension). A factor is ``parallel`` (sharding it shards
 the work), ``reduction`` (it appears only in operands: sharding it leaves a partial result that
-needs an all-reduce or reduce-scatter) or ``blocked`` (it must stay whole, e.g. the sorted dim).
+needs an all-reduce or reduce-scatter), ``blocked`` (it must stay whole, e.g. the sorted dim) or
+``permutation`` (it lays pieces side by side along one dim, a concatenation's or a split's: it
+may stay sharded, each device's block then gathered from others' by an all-to-all or
+collective-permutes, as XLA's partitioner does, rather than the whole dim gathered).
 
 Rules take a :class:`RuleContext` first and the primitive's params as keywords last, so a new
 param in a JAX release never breaks a rule. The primitive's traits (its FLOPs, fusion, memory,
@@ -20,13 +23,14 @@ primitive is one entry::
 from __future__ import annotations
 
 import dataclasses
+import math
 import string
 import warnings
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from automap.rules.traits import ELEMENTWISE, KERNEL, REDUCTION, Traits, declare
 
-FactorKind = Literal["parallel", "reduction", "blocked"]
+FactorKind = Literal["parallel", "reduction", "blocked", "permutation"]
 DimFactors = tuple[int, ...]
 
 
@@ -178,10 +182,12 @@ def replicated(ctx: RuleContext) -> FactorRule:
     return FactorRule(tuple(factors), ops, res)
 
 
-def einsum(ctx: RuleContext, spec: str, *, blocked: str = "") -> FactorRule:
+def einsum(ctx: RuleContext, spec: str, *, blocked: str = "", permuted: str = "") -> FactorRule:
     """Rule from an einsum-like string, one letter per dim: ``"bmk,bkn->bmn"``.
 
     Letters present only left of ``->`` are reductions; letters in ``blocked`` never shard;
+    letters in ``permuted`` are permutation factors, their dims of different sizes (the factor's
+    size is their greatest common divisor, so a tiling of it tiles each);
     ``.`` marks a dim that gets no factor (size one, or unshardable on its own). Operands that
     are scalars may be given as empty strings (``"ab,->ab"``).
     """
@@ -199,13 +205,15 @@ def einsum(ctx: RuleContext, spec: str, *, blocked: str = "") -> FactorRule:
             if letter == ".":
                 continue
             index.setdefault(letter, len(index))
-            sizes[letter] = size
+            sizes[letter] = math.gcd(sizes[letter], size) if letter in permuted and letter in sizes else size
     out_letters = set("".join(outs))
     factors = []
     for letter in index:
         kind: FactorKind = "parallel"
         if letter in blocked:
             kind = "blocked"
+        elif letter in permuted:
+            kind = "permutation"
         elif letter not in out_letters:
             kind = "reduction"
         factors.append(Factor(sizes[letter], kind))

@@ -145,7 +145,33 @@ def _along(ctx: RuleContext, whole: set[int], n_scalar_tail: int = 0) -> FactorR
 
 @register("concatenate", traits=ASSEMBLY)
 def _concatenate(ctx: RuleContext, *, dimension: int, **_: Any) -> FactorRule:
-    return _along(ctx, {dimension})
+    """The joined dim is a permutation factor: XLA keeps it sharded (an all-to-all per sharded
+    operand and of the result) rather than gathering it; of rank one (no other dim for the
+    all-to-all to move blocks along) XLA gathers the pieces, and the dim stays whole.
+
+    >>> import numpy as np
+    >>> from automap.rules.registry import Shaped
+    >>> f32 = np.dtype("float32")
+    >>> r = _concatenate(RuleContext("concatenate", (Shaped((4, 32), f32), Shaped((4, 64), f32)),
+    ...                              (Shaped((4, 96), f32),)), dimension=1)
+    >>> r.factors[1], r.operands, r.results
+    (Factor(size=32, kind='permutation'), (((0,), (1,)), ((0,), (1,))), (((0,), (1,)),))
+    """
+    if ctx.results[0].ndim == 1:
+        return _along(ctx, {dimension})
+    return _permuted_along(ctx, dimension)
+
+
+def _permuted_along(ctx: RuleContext, dimension: int) -> FactorRule:
+    """Operands and results of one rank sharing every dim; ``dimension``, where their sizes
+    differ (pieces laid side by side), a permutation factor, or kept whole where the pieces'
+    sizes have no common divisor."""
+    sizes = [s.shape[dimension] for s in ctx.operands + ctx.results]
+    if math.gcd(*sizes) < 2:
+        return _along(ctx, {dimension})
+    term = letters(ctx.results[0].ndim)
+    return einsum(ctx, ",".join(term for _ in ctx.operands) + "->" + ",".join(term for _ in ctx.results),
+                  permuted=term[dimension])
 
 
 @register("pad", traits=ASSEMBLY)
@@ -167,7 +193,8 @@ def _rev(ctx: RuleContext, *, dimensions: Sequence[int], **_: Any) -> FactorRule
 
 @register("split", traits=SLICE)
 def _split(ctx: RuleContext, *, axis: int, **_: Any) -> FactorRule:
-    return _along(ctx, {axis % ctx.operands[0].ndim})
+    """The split dim is a permutation factor (collective-permutes move each piece's blocks)."""
+    return _permuted_along(ctx, axis % ctx.operands[0].ndim)
 
 
 @register("iota", traits=RELABEL)

@@ -437,3 +437,42 @@ def test_a_convolution_leaving_a_mesh_axis_idle_is_split_over_it_too(name, fn, s
     assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
     est = estimate(state)
     assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
+
+
+def _cat(*pieces):
+    return jnp.concatenate(pieces, axis=1)
+
+
+def _cat_dot(x, y, w):
+    return jnp.concatenate([x, y], axis=1) @ w
+
+
+@pytest.mark.parametrize("name, fn, shapes, specs, out_specs", [
+    # an all-to-all of each piece and of the result (2,048 + 2,048 + 4,096 B a device), not a gather of 13,824 B
+    ("concat", _cat, [(64, 32), (64, 32)], [P(None, "model")] * 2, (P(None, "model"),)),
+    ("concat of unequal pieces", _cat, [(64, 32), (64, 64)], [P(None, "model")] * 2, (P(None, "model"),)),
+    # the joined features stay split into the contraction: partial sums all-reduced, the dot split 8 ways
+    ("concat into a dot", _cat_dot, [(64, 32), (64, 32), (64, 32)], [P("data", "model")] * 2 + [P()], (P("data"),)),
+])
+def test_pieces_laid_side_by_side_stay_sharded_as_xla_keeps_them(name, fn, shapes, specs, out_specs):
+    """A concatenation or split along a sharded dim: XLA's partitioner keeps the dim sharded and
+    moves each device's blocks (all-to-alls for a concatenation; a split's collective-permutes
+    send about what gathering its operand would: 24,576 B either way for four quarters of a
+    [64, 128] on 'model', its pieces now left sharded); the estimate gathered the pieces whole (GNN messages ``concatenate([h[senders], h[receivers]])``
+    into a Dense: the megatron plan's dot FLOPs 3.36x XLA's, now 1.00x)."""
+    axes = {"data": 2, "model": 4}
+    args = [jnp.ones(s) for s in shapes]
+    prog = lower(jax.make_jaxpr(fn)(*args), [f"x{i}" for i in range(len(args))], [f"y{i}" for i in range(len(out_specs))])
+    actions = [Action(v, d, a) for v, spec in zip(prog.inputs + prog.outputs, list(specs) + list(out_specs))
+               for d, entry in enumerate(spec) for a in ((entry,) if isinstance(entry, str) else (entry or ()))]
+    state = apply(ShardingState.initial(prog, axes), actions)
+    mesh = automap.make_mesh(axes)
+    jitted = jax.jit(fn, in_shardings=tuple(NamedSharding(mesh, s) for s in specs),
+                     out_shardings=tuple(NamedSharding(mesh, s) for s in out_specs) if len(out_specs) > 1
+                     else NamedSharding(mesh, out_specs[0]))
+    xla = automap.measure(jitted.lower(*args).compile())
+    est = estimate(state)
+    assert [state.specs.get(v) for v in prog.outputs] == [tuple(tuple(a) if isinstance(a, tuple) else (a,) if a else ()
+                                                                for a in (tuple(s) + (None,) * 2)[:2]) for s in out_specs]
+    assert est.wire_bytes == xla.wire_bytes
+    assert est.dot_flops == xla.dot_flops

@@ -79,8 +79,17 @@ ROWS = [
         {"x": P("data"), "y": P("data")}, P("data"), set()),
     row("concat_other_dim", lambda x, y: jnp.concatenate([x, y], axis=0), [S, (8, 32)],
         {"x": P(None, "model"), "y": P(None, "model")}, P(None, "model"), set()),
+    # of rank one, XLA gathers the pieces
     row("concat_sharded_dim", lambda x, y: jnp.concatenate([x, y]), [(32,), (16,)], {"x": P("x"), "y": P("x")},
         P(), {"all-gather"}, mesh=MESH_8),
+    # of higher rank the joined dim stays sharded (a permutation factor): an all-to-all of each
+    # operand and of the result (2 x 512 + 1,024 B a device)
+    row("concat_sharded_dim_kept", lambda x, y: jnp.concatenate([x, y], axis=1), [(16, 32), (16, 32)],
+        {"x": P(None, "model"), "y": P(None, "model")}, P(None, "model"), {"all-to-all"}),
+    # pieces of no common tiling: the dim stays whole (XLA moves the sharded piece by an all-to-all
+    # into a batch-sharded layout and gathers the result; the estimate gathers the piece)
+    row("concat_pieces_of_no_common_tiling", lambda x, y: jnp.concatenate([x, y], axis=1), [(16, 32), (16, 3)],
+        {"x": P(None, "model")}, P(), {"all-gather", "all-to-all"}, model={"all-gather"}),
     # pad
     row("pad_unsharded_dim", lambda x: jnp.pad(x, ((0, 0), (1, 3))), [S], {"x": P("data")}, P("data"), set()),
     row("pad_sharded_dim", lambda x: jnp.pad(x, ((0, 0), (2, 2))), [S], {"x": DM}, P("data"), {"all-gather"}),
@@ -104,8 +113,9 @@ ROWS = [
         (P("data"), P("data")), set()),
     row("split_other_dim", lambda x: tuple(jnp.split(x, [4], axis=0)), [S], {"x": P(None, "model")},
         (P(None, "model"), P(None, "model")), set()),
-    row("split_sharded_dim", lambda x: tuple(jnp.split(x, 2)), [(32,)], {"x": P("x")}, (P(), P()),
-        {"all-gather", "collective-permute"}, mesh=MESH_8, model={"all-gather"}),
+    # the pieces stay sharded: each device's block of a piece fetched by collective-permutes
+    row("split_sharded_dim", lambda x: tuple(jnp.split(x, 2)), [(32,)], {"x": P("x")}, (P("x"), P("x")),
+        {"collective-permute"}, mesh=MESH_8),
     # stack (jnp.stack, rotary embeddings): operands share every dim, the new dim stays whole
     row("stack_minor", lambda x, y: jnp.stack([x, y], axis=-1), [S, S], {"x": DM, "y": DM},
         P("data", "model", None), set(), inner={"stack": P("data", "model", None)}),
