@@ -77,6 +77,8 @@ def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Map
         order = sorted(ranked, key=lambda f: _contraction_rank(rule, ranked[f], rule.factors[f].kind))
     else:
         order = sorted(ranked, key=lambda f: min(ranked[f])[:2])
+    if rule.leading:
+        order = [f for f in order if f in rule.leading] + [f for f in order if f not in rule.leading]
     fax: dict[int, Axes] = {}
     fprio: dict[int, int] = {}
     used: dict[int, set[str]] = {}

@@ -50,6 +50,9 @@ class FactorRule:
     # group id per factor: a mesh axis may shard at most one factor *of a group* (empty: one group).
     # Control-flow links tie many independent values in one op: each tie is its own group.
     groups: tuple[int, ...] = ()
+    # factors the op takes before any other, whatever the order of the decisions behind them
+    # (XLA's partitioner runs a feature-grouped convolution in its groups' layout)
+    leading: tuple[int, ...] = ()
 
     def group(self, factor: int) -> int:
         return self.groups[factor] if self.groups else 0

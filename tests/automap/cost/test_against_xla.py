@@ -476,3 +476,35 @@ def test_pieces_laid_side_by_side_stay_sharded_as_xla_keeps_them(name, fn, shape
                                                                 for a in (tuple(s) + (None,) * 2)[:2]) for s in out_specs]
     assert est.wire_bytes == xla.wire_bytes
     assert est.dot_flops == xla.dot_flops
+
+
+_DEPTHWISE = jax.lax.ConvDimensionNumbers((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))  # NHWC, HWIO: nnx.Conv's
+
+
+def _depthwise(x, k):  # a 7x7 depthwise conv over 32 channels (ConvNeXt's)
+    return jax.lax.conv_general_dilated(x, k, (1, 1), ((3, 3), (3, 3)), dimension_numbers=_DEPTHWISE,
+                                        feature_group_count=32)
+
+
+@pytest.mark.parametrize("x_spec, want_bytes", [(P("data"), True), (P(("data", "model")), False)])
+def test_a_depthwise_conv_runs_in_its_kernels_channel_layout_as_xla_runs_it(x_spec, want_bytes):
+    """The examples on 'data' (or ('data', 'model')), the depthwise kernel's channels on 'data'
+    (FSDP): XLA runs the conv split on the channels, the examples whole (200,704 dot FLOPs a
+    device, not 50,176), moving the input by all-to-all (4,096 B sent in all on 'data'; from
+    ('data', 'model') it gathers the input whole: 16,896 B, the estimate's all-to-all after a
+    gather over 'model' 8,704). The estimate gathered the kernel and split the examples."""
+    axes = {"data": 2, "model": 4}
+    x, k = jnp.ones((8, 4, 4, 32)), jnp.ones((7, 7, 1, 32))
+    prog = lower(jax.make_jaxpr(_depthwise)(x, k), ["x", "k"], ["y"])
+    k_spec = P(None, None, None, "data")
+    actions = [Action(v, d, a) for v, spec in zip(prog.inputs + prog.outputs, (x_spec, k_spec, x_spec))
+               for d, entry in enumerate(spec) for a in ((entry,) if isinstance(entry, str) else (entry or ()))]
+    state = apply(ShardingState.initial(prog, axes), actions)
+    mesh = automap.make_mesh(axes)
+    jitted = jax.jit(_depthwise, in_shardings=(NamedSharding(mesh, x_spec), NamedSharding(mesh, k_spec)),
+                     out_shardings=NamedSharding(mesh, x_spec))
+    xla = automap.measure(jitted.lower(x, k).compile())
+    est = estimate(state)
+    assert est.dot_flops == xla.dot_flops == 200704
+    if want_bytes:  # (from ('data', 'model') left: XLA gathers the input whole rather than move 'data')
+        assert est.wire_bytes == xla.wire_bytes
