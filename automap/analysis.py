@@ -17,6 +17,7 @@ import math
 from typing import Iterable, Literal, Sequence
 
 from automap.factors import Axes, compose_dim, solution, solve_factors
+from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
@@ -37,6 +38,7 @@ class Reshard:
     count: int  # how many times it runs (trip counts of enclosing loops)
     where: Literal["operand", "result"]
     reused: bool = False  # the same gather happened earlier in the same region: XLA reuses it (CSE)
+    group: int = 0  # devices per group where fewer than the axes hold (a subgroup of them); 0: all of them
 
 
 def _per_device(nbytes: int, spec: Sequence[Axes], sizes: dict[str, int]) -> int:
@@ -58,7 +60,9 @@ def execution_factors(op: Op, state: ShardingState) -> dict[int, Axes]:
     """How the op runs: its factor -> axes, agreed by its operands and results (earliest decision
     wins), or, for elementwise work and reductions, another way that moves fewer bytes (its
     operands' layout alone, or led by one linked value): XLA reshards the small value (a
-    reduction's result, a broadcast scale) rather than the large one. Operands and results that
+    reduction's result, a broadcast scale) rather than the large one; a gather or scatter-add
+    whose table holds its indices' axes runs along the indices where XLA's partitioner ranks that
+    first (:func:`automap.indexed_ops.indices_first`). Operands and results that
     disagree with it are resharded before or after. A factor
     whose tiling no result can express (the minor factor of a merged dim) is not run sharded."""
     return _analysis(op, state)[0]
@@ -82,6 +86,9 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
                     if _moved(other) < _moved(templates):
                         fax, templates = alt, other
         detour = 1
+        indexed = indices_first(op, state, fax, templates, _templates)
+        if indexed is not None:
+            fax, templates = indexed
         if op.primitive == "dot_general":
             fax, templates = _result_layout_first(op, state, fax, templates)
             gathered = _whole_partner_gathers(op, state, fax)
@@ -101,7 +108,7 @@ def _result_layout_first(op: Op, state: ShardingState, fax: dict[int, Axes], tem
     splits a free dim on: XLA's dot partitioner all-gathers the operand and runs the dot in the
     result's layout, rather than gathering the result (measured on jax 0.10.2 with a result half
     the operand's size and with one 4x larger: the operand gathered both times)."""
-    gathered = {a for _, kind, axes, _, where in templates if kind == "all-gather" and where == "result" for a in axes}
+    gathered = {a for _, kind, axes, _, where, *_ in templates if kind == "all-gather" and where == "result" for a in axes}
     if not gathered:
         return fax, templates
     alt = {f: kept for f, axes in fax.items() if (kept := tuple(a for a in axes if a not in gathered))}
@@ -167,7 +174,7 @@ def _idle_axis_detours(op: Op, state: ShardingState, fax: dict[int, Axes], templ
     if not idle:
         return templates, 1
     out, split = [], 1
-    for pos, kind, axes, nbytes, where in templates:
+    for pos, kind, axes, nbytes, where, *_ in templates:
         n = math.prod(sizes[a] for a in axes)
         spare = next((a for a in idle if sizes[a] >= n), None)
         if spare is None or (kind, where) not in (("all-gather", "operand"), ("reduce-scatter", "result")):
@@ -213,7 +220,7 @@ def _alternatives(op: Op, state: ShardingState) -> list[dict[int, Axes]]:
 def _moved(templates: tuple) -> int:
     """Bytes per device the reshard templates move (an all-reduce twice: reduce-scatter and
     all-gather): which of two ways to run an op XLA's partitioner prefers."""
-    return sum(nbytes * (2 if kind == "all-reduce" else 1) for _, kind, _, nbytes, _ in templates)
+    return sum(nbytes * (2 if kind == "all-reduce" else 1) for _, kind, _, nbytes, *_ in templates)
 
 
 def _expressible(op: Op, fax: dict[int, Axes], sizes: dict[str, int]) -> dict[int, Axes]:
@@ -231,7 +238,8 @@ def _expressible(op: Op, fax: dict[int, Axes], sizes: dict[str, int]) -> dict[in
 
 
 def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
-    """The op's reshards as (linked position, kind, axes, bytes, where)."""
+    """The op's reshards as (linked position, kind, axes, bytes, where[, devices per group where a
+    subgroup of the axes' devices runs it])."""
     program, sizes, rule = state.program, state.axes, op.rule
     out = []
     n_in = len(op.linked_inputs)
@@ -453,7 +461,7 @@ def reshards(state: ShardingState) -> list[Reshard]:
         op, mult = walked[i]
         region = values[op.outputs[0]].region if op.outputs else 0
         linked = op.linked
-        for pos, kind, axes, nbytes, where in analyses[i][1]:
+        for pos, kind, axes, nbytes, where, *group in analyses[i][1]:
             vid = linked[pos]
             count = mult
             if where == "operand" and vid in invariant:  # resharded once, at the loop's entry
@@ -463,7 +471,7 @@ def reshards(state: ShardingState) -> list[Reshard]:
                 key = (vid, kind, axes, region)
                 reused = key in gathered
                 gathered.add(key)
-            fields = (op.id, vid, kind, axes, nbytes, count, where, reused)
+            fields = (op.id, vid, kind, axes, nbytes, count, where, reused, *group)
             r = made.get(fields)
             if r is None:
                 r = made[fields] = Reshard(*fields)  # type: ignore[arg-type]

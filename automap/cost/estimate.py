@@ -239,7 +239,7 @@ def _collective(r: Reshard, program: Program, axes: Mapping[str, int], topology:
         return None
     op = _ops_by_id(program)[r.op]
     t = collective_time(r.kind, r.bytes, r.axes, axes, topology) * r.count
-    sent = wire_bytes(r.kind, r.bytes * r.count, group_size(r.axes, axes))
+    sent = wire_bytes(r.kind, r.bytes * r.count, r.group or group_size(r.axes, axes))
     return Collective(r.kind, r.axes, r.bytes, r.count, r.op, r.value, op.primitive, op.name, t, wire_bytes=sent)
 
 

@@ -508,3 +508,78 @@ def test_a_depthwise_conv_runs_in_its_kernels_channel_layout_as_xla_runs_it(x_sp
     assert est.dot_flops == xla.dot_flops == 200704
     if want_bytes:  # (from ('data', 'model') left: XLA gathers the input whole rather than move 'data')
         assert est.wire_bytes == xla.wire_bytes
+
+
+def _lookup(t, i):
+    return t[i]
+
+
+def _segment_sum(u, i):
+    return jax.ops.segment_sum(u, i, num_segments=64)
+
+
+def _add_at(t, i, u):
+    return t.at[i].add(u)
+
+
+TABLE, INDICES, UPDATES = jnp.ones((64, 32)), jnp.zeros((256,), jnp.int32), jnp.ones((256, 32))
+
+
+@pytest.mark.parametrize("name, fn, args, specs, want", [
+    # table and indices on every axis: the table all-gathered, the lookup index-parallel (the
+    # estimate kept the table split: indices gathered, the 32 KiB lookup reduce-scattered)
+    ("gather, no idle axis", _lookup, [TABLE, INDICES], [P(D_M), P(D_M), P(D_M)], [("all-gather", D_M, 8192)]),
+    ("gather, indices on more axes", _lookup, [TABLE, INDICES], [P("data"), P(D_M), P(D_M)],
+     [("all-gather", ("data",), 8192)]),
+    # both on data, 'model' idle: the table's half permuted onto two of the model devices, the
+    # masked lookup all-reduced over them (a group of 2)
+    ("gather, an idle axis", _lookup, [TABLE, INDICES], [P("data"), P("data"), P("data")],
+     [("all-reduce", ("model",), 16384), ("collective-permute", D_M, 4096)]),
+    # both on model, 'data' idle (2 devices): the table gathered to halves first
+    ("gather, a smaller idle axis", _lookup, [TABLE, INDICES], [P("model"), P("model"), P("model")],
+     [("all-gather", ("model",), 4096), ("all-reduce", ("data",), 8192), ("collective-permute", D_M, 2048)]),
+    # segment_sum: the zeros made in any layout, the sum reduce-scattered / all-reduced into place
+    ("segment_sum, no idle axis", _segment_sum, [UPDATES, INDICES], [P(D_M), P(D_M), P(D_M)],
+     [("reduce-scatter", D_M, 8192)]),
+    ("segment_sum, an idle axis", _segment_sum, [UPDATES, INDICES], [P("data"), P("data"), P("data")],
+     [("all-reduce", ("data",), 4096), ("collective-permute", D_M, 4096)]),
+    ("scatter-add into a table, an idle axis", _add_at, [TABLE, INDICES, UPDATES], [P("data")] * 4,
+     [("all-reduce", ("data",), 4096), ("collective-permute", D_M, 4096), ("collective-permute", D_M, 4096)]),
+    # an embedding gradient whose table keeps its features on data, as its updates' batch is:
+    # XLA keeps the features split (the indices gathered, the updates moved), not the batch
+    ("segment_sum, the split on a passed-through dim", _segment_sum, [UPDATES[:32], INDICES[:32]],
+     [P("data"), P("data"), P("model", "data")], [("all-gather", ("data",), 128), ("all-to-all", ("data",), 2048)]),
+])
+def test_a_lookup_and_a_scatter_add_run_along_their_indices_split(name, fn, args, specs, want):
+    """A gather or scatter-add whose (64, 32) table and 256 indices are split over the same axes:
+    XLA partitions along the indices (the table gathered, or moved onto an idle axis), where the
+    estimate kept the table's split and gathered the indices, the updates and the lookups (the
+    flax GNN's manual data-parallel plan: 3.1x XLA's bytes sent)."""
+    state, xla = _laid_out_as_xla_lays_it_out(fn, args, specs)
+    got = sorted((r.kind, r.axes, r.bytes) for r in reshards(state))
+    assert got == sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == sorted(want)
+    assert estimate(state).wire_bytes == xla.wire_bytes
+
+
+@pytest.mark.parametrize("name, fn, args, specs, want", [
+    # 256 lookups on data from a table on (data, model): along the indices (the table gathered
+    # over data, the lookups summed over model) holds less than 32 KiB of whole lookups
+    ("gather, many indices", _lookup, [TABLE, INDICES], [P(D_M), P("data"), P("data")],
+     [("all-gather", ("data",), 2048), ("all-reduce", ("model",), 16384)]),
+    # 32 lookups: the whole table would be the largest buffer; the table keeps its split
+    ("gather, few indices", _lookup, [TABLE, INDICES[:32]], [P(D_M), P("data"), P("data")],
+     [("all-gather", ("data",), 128), ("all-reduce", D_M, 4096)]),
+    # 256 updates on data into a result split (model, data): added along the indices and
+    # reduce-scattered rather than moved to the features (XLA then permutes the 1 KiB pieces)
+    ("segment_sum, many updates", _segment_sum, [UPDATES, INDICES], [P("data"), P("data"), P("model", "data")],
+     [("reduce-scatter", ("data",), 2048)]),
+])
+def test_a_lookup_or_scatter_add_runs_the_way_that_holds_the_least_memory(name, fn, args, specs, want):
+    """XLA ranks the ways to partition a gather or scatter by their largest buffer first (each
+    way alone, the rest of the op replicated), then by the bytes they move: whether it runs along
+    the indices depends on the sizes. The estimate kept the table's split for 256 lookups (the
+    32 KiB lookups all-reduced) and moved 256 updates (a 16 KiB all-to-all)."""
+    state, xla = _laid_out_as_xla_lays_it_out(fn, args, specs)
+    got = sorted((r.kind, r.axes, r.bytes) for r in reshards(state))
+    assert got == want
+    assert set(got) <= {(op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops}

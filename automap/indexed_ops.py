@@ -1,0 +1,167 @@
+"""How XLA's SPMD partitioner runs a gather or a scatter-add whose indices and table disagree.
+
+A gather's (a lookup's) indexed dim is a reduction factor of its rule (each device looks up the
+rows it holds: a masked lookup whose partial results are summed), a scatter-add's indexed dim a
+parallel factor of its operand and result (each device adds into the rows it holds) while the
+updates' batch dims are reductions. When the indices are split over mesh axes the table also
+holds, the rule's solution keeps the earlier decision (often the table's) and gathers the
+indices, the updates and the lookups. XLA (jax 0.10.2, Shardy) tries each way to partition the
+op on its own and takes the one whose largest buffer (operands and result of the op or of one
+of its collectives, per device) is smallest, then the one moving fewest bytes
+(``GatherPartitionMethodsOrderedByCost`` in its ``gather_scatter_handler``; :func:`xla_cost`).
+Run along the indices (measured on 8 CPU devices, mesh 2x4, a (64, 32) table, 256 indices):
+
+- the index-parallel factors take the indices' axes (extended by the lookup's result, or the
+  scatter's updates, where they split them further); the table loses them;
+- with no mesh axis left idle, the table is all-gathered over those axes (a gather's table, a
+  scatter-add's operand unless it is a broadcast of a scalar, which XLA makes in any layout) and
+  a scatter-add's partial result is reduce-scattered (or all-reduced) into place;
+- with an idle axis (on no factor and no linked value: a 2x4 mesh whose table and indices are
+  both on 'data'), the table's split on its indexed dim moves onto the idle devices instead of
+  being gathered: a collective-permute of its piece (preceded by an all-gather over the lost axes
+  to the piece's new size where the idle axes are fewer devices), a masked lookup whose result
+  is all-reduced over the idle axes; a scatter-add adds into the moved piece, all-reduces it over
+  the indices' axes and permutes it into place.
+
+Against the solution's way this wins where the table's indexed dim held the axes (the lookups
+or updates, larger than the table, would be gathered or reduced whole), and loses where the
+table holds them on a dim it passes through, an embedding's features, unless the updates are
+large: 32 updates on 'data' into a table whose features are on 'data' move to the features;
+256 are added along the indices and reduce-scattered.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+from automap.factors import Axes, compose_dim, split_dim
+from automap.ir.program import Op, Program
+
+INDEXED = frozenset({"gather", "scatter-add", "scatter_add"})
+
+Templates = tuple  # (linked position, kind, axes, bytes, where), as automap.analysis makes them
+
+
+def indices_first(op: Op, state, fax: dict[int, Axes], planned: Templates,
+                  templates: Callable[[Op, object, dict[int, Axes]], Templates]) -> tuple[dict, Templates] | None:
+    """(factor axes, reshard templates) of a gather or scatter-add run along its indices' split as
+    XLA runs it (module docstring), where XLA's partitioner prefers that to the solution's way
+    (``fax``, reshards ``planned``; :func:`xla_cost`); None where it does not, where the solution
+    already runs along the indices, or where the op is neither.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.analysis import reshards
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> from automap.xla_layout import xla_layout
+    >>> prog = lower(jax.make_jaxpr(lambda t, i: t[i])(jnp.ones((64, 32)), jnp.zeros(256, jnp.int32)), ["t", "i"], ["y"])
+    >>> (t, i), (y,) = prog.inputs, prog.outputs
+    >>> rows = (("data", "model"),)  # the table, the indices and the lookups on both axes
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs={t: rows + ((),), i: rows, y: rows + ((),)})
+    >>> [(r.kind, r.axes, r.bytes) for r in reshards(xla_layout(state))]  # the 8 KiB table gathered, not the 32 KiB lookups
+    [('all-gather', ('data', 'model'), 8192)]
+    """
+    if op.primitive not in INDEXED or len(op.linked_inputs) < 2:
+        return None
+    rule, sizes = op.rule, state.axes
+    scatter = op.primitive != "gather"
+    index_factors = {f for fs in rule.operands[1] for f in fs}
+    # the indices' split, extended by the lookup's result (the scatter's updates) where it goes further
+    partner = (op.linked_inputs[2], rule.operands[2]) if scatter and len(op.linked_inputs) > 2 else (
+        op.linked_outputs[0], rule.results[0])
+    want: dict[int, Axes] = {}
+    for vid, dims in ((op.linked_inputs[1], rule.operands[1]), partner):
+        for axes, fs in zip(state.spec(vid), dims, strict=True):
+            if axes and fs:
+                for f, got in split_dim(axes, fs, rule, sizes).items():
+                    have = want.get(f, ())
+                    if f in index_factors and (f in want or vid == op.linked_inputs[1]) and (
+                            len(got) > len(have) and got[: len(have)] == have):
+                        want[f] = got
+    taken = {a for axes in want.values() for a in axes}
+    if not want or all(fax.get(f, ()) == axes for f, axes in want.items()):
+        return None
+    alt = {f: kept for f, axes in fax.items() if f not in want and (kept := tuple(a for a in axes if a not in taken))}
+    alt.update(want)
+    passed = {f for fs in partner[1] for f in fs}  # the table's dims the lookup (the updates) keep
+    indexed = [f for f, axes in fax.items() if f not in want and f not in passed and set(axes) & taken]
+    used = {a for axes in alt.values() for a in axes} | {a for v in op.linked for axes in state.spec(v) for a in axes}
+    idle = tuple(a for a, n in sizes.items() if n > 1 and a not in used)
+    table = op.linked_inputs[0]
+    free_table = scatter and _scalar_broadcast(state.program, table)
+    alone = {f: axes for f, axes in alt.items() if f not in indexed}
+    if not indexed or not idle or rule.factors[indexed[0]].size % math.prod(sizes[a] for a in idle):
+        out = tuple(t for t in templates(op, state, alt) if not (free_table and t[0] == 0))
+    else:
+        out = _moved_to_idle(op, state, fax, alt, indexed[0], idle, taken, free_table, templates)
+    # XLA ranks each way on its own, the rest of the op replicated: along the indices, the table whole
+    if xla_cost(op, state, alone, templates(op, state, alone)) < xla_cost(op, state, fax, planned):
+        return alt, out
+    return None
+
+
+def _moved_to_idle(op: Op, state, fax: dict[int, Axes], alt: dict[int, Axes], loser: int, idle: Axes,
+                   taken: set[str], free_table: bool, templates: Callable) -> Templates:
+    """The reshards of ``alt`` with the table's lost split on its indexed dim moved onto the idle
+    axes (module docstring); ``alt`` gains them."""
+    sizes, scatter = state.axes, op.primitive != "gather"
+    lost = tuple(a for a in sizes if a in fax[loser] and a in taken)
+    n_lost, n_idle = math.prod(sizes[a] for a in lost), math.prod(sizes[a] for a in idle)
+    alt[loser] = alt.get(loser, ()) + idle
+    both = tuple(a for a in sizes if a in lost or a in idle)
+    piece = _piece(state, op.linked_inputs[0])
+    out = []
+    for t in templates(op, state, alt):
+        pos, kind, axes, nbytes, where = t
+        if pos == 0 and where == "operand":  # the table moved onto the idle devices, not gathered
+            if not free_table:
+                if n_idle < n_lost:
+                    out.append((0, "all-gather", lost, piece * n_lost // n_idle, where, n_lost // n_idle))
+                out.append((0, "collective-permute", both, piece, where))
+        elif scatter and where == "result":  # summed over the indices' axes, then permuted into place
+            result = _piece(state, op.linked[pos])
+            if kind in ("all-reduce", "reduce-scatter"):
+                out.append((pos, "all-reduce", axes, result * n_lost // min(n_idle, n_lost), where))
+            elif kind == "all-gather" and set(axes) <= set(idle):
+                out.append((pos, "collective-permute", both, result, where))
+            else:
+                out.append(t)
+        elif not scatter and kind == "all-reduce" and set(axes) <= set(idle) and n_idle > n_lost:
+            out.append((pos, kind, axes, nbytes, where, n_lost))  # the piece sits on |lost| of the idle devices
+        else:
+            out.append(t)
+    return tuple(out)
+
+
+def xla_cost(op: Op, state, fax: dict[int, Axes], reshards: Templates) -> tuple[int, int]:
+    """How XLA's partitioner ranks ways to run a gather or scatter (its cost model, jax 0.10.2):
+    (the largest buffer footprint, operands and result per device, of the op and of each of its
+    collectives; the bytes the collectives move), compared in that order: memory first."""
+    sizes, rule = state.axes, op.rule
+    values = state.program.values
+    op_bytes = 0
+    for vid, dims in zip(op.linked, rule.operands + rule.results, strict=True):
+        axes = [a for fs in dims for a in compose_dim(fs, fax, rule, sizes)]
+        op_bytes += values[vid].nbytes // math.prod(sizes[a] for a in axes)
+    peak, moved = op_bytes, 0
+    for _, kind, axes, nbytes, _, *group in reshards:
+        n = group[0] if group else math.prod(sizes[a] for a in axes)
+        peak = max(peak, nbytes + (nbytes // n if kind in ("all-gather", "reduce-scatter") else nbytes))
+        moved += nbytes
+    return peak, moved
+
+
+def _piece(state, vid: int) -> int:
+    """Bytes per device of a value in its layout."""
+    value = state.program.values[vid]
+    return value.nbytes // math.prod(state.axes[a] for axes in state.spec(vid) for a in axes)
+
+
+def _scalar_broadcast(program: Program, vid: int) -> bool:
+    """Whether the value is a broadcast of a scalar (a scatter-add's zeros): XLA makes it in any layout."""
+    made: Mapping[int, bool] | None = program.memo.get("scalar_broadcasts")
+    if made is None:
+        made = program.memo["scalar_broadcasts"] = {
+            v: op.primitive == "broadcast_in_dim" and bool(op.inputs) and program.values[op.inputs[0]].ndim == 0
+            for op in program.all_ops for v in op.outputs}
+    return made.get(vid, False)
