@@ -121,15 +121,16 @@ def make_plan(
                 search, before, topology=topology, memory_budget=budget, donated=donated, data_inputs=data_inputs,
                 context=ctx, keep_user_remat=keep_user_remat)[:2], memory_budget, topology, donated)
             notes = notes + more
-        elif found.alternatives and affordable(arbiter, program):  # XLA decides last
+        elif (found.alternatives or memory_budget is not None) and affordable(arbiter, program):  # XLA decides last
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
             budget = None
             if memory_budget is not None:
                 from search.planning import budget_bytes
 
                 budget = budget_bytes(memory_budget, topology or default_topology())
-            state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state, budget)
-            notes = notes + (note,)
+            if found.alternatives:
+                state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state, budget)
+                notes = notes + (note,)
             if budget is not None and (measure_state(state).memory_per_device or 0) > budget:
                 state, more = _search_within_measure(state, measure_state, lambda b: run_search(
                     search, before, topology=topology, memory_budget=b, donated=donated, data_inputs=data_inputs,

@@ -125,11 +125,11 @@ def _alternatives(space: SearchSpace, found: Found, anchor: Plan | None,
     if rest is not None:
         out.append(("next best", rest.state, rest.score))
         seen.add(rest.state.key())
-    if anchor is not None:
-        front = sorted(undominated([p for p in compositions(space) if p.score.feasible]), key=lambda p: p.score.time_s)
-        joint = whole_mesh_fsdp(space)
-        for p in [p for p in front if p.state.key() not in seen][:FRONT_CANDIDATES] + [joint] * (joint is not None):
-            if p.score.feasible and p.state.key() not in seen:
-                out.append((f"expert ({' + '.join(space.describe(a) for a in p.moves)})", p.state, p.score))
-                seen.add(p.state.key())
+    front = [] if anchor is None else sorted(
+        undominated([p for p in compositions(space) if p.score.feasible]), key=lambda p: p.score.time_s)
+    joint = whole_mesh_fsdp(space)  # with no expert ceiling too: under a tight budget, the smallest plan an expert has
+    for p in [p for p in front if p.state.key() not in seen][:FRONT_CANDIDATES] + [joint] * (joint is not None):
+        if (p.score.feasible or p is joint) and p.state.key() not in seen:
+            out.append((f"expert ({' + '.join(space.describe(a) for a in p.moves)})", p.state, p.score))
+            seen.add(p.state.key())
     return tuple(out)

@@ -23,7 +23,7 @@ import math
 from typing import Callable, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
-from automap.cost.xla_cpu import conv_layout_copies, cpu_spans
+from automap.cost.xla_cpu import conv_layout_copies, cpu_spans, from_constants, replaces_workspace
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -83,12 +83,15 @@ def temp_peak(
     live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body)
     index = live_ranges.index
     size = _sizer(state)
-    spans = [(s, e, size(v)) for v, s, e in live_ranges.values]
+    first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
+    spans = [(0 if v in first else s, e, size(v)) for v, s, e in live_ranges.values]
     spans.extend(_reshard_spans(program, ops, index, reshards, body))
     if cpu:
         in_place = () if body else _copied_in_place(program, ops, outputs)
         spans.extend(cpu_spans(program, ops, index, reshards, size, body, state, _producers(program, ops), in_place))
     for i, op, nbytes in _workspaces(program, ops, platform):  # split as its first result (or operand) is
+        if cpu and replaces_workspace(op, body):
+            continue
         like = op.inputs[0] if traits_of(op.primitive).workspace_split == "operand" else op.outputs[0]
         spans.append((i, i, nbytes * size(like) // max(program.values[like].nbytes, 1)))
     steps = len(ops) + body  # a body ends with its combined reductions, after its last op
@@ -104,7 +107,9 @@ def temp_peak(
         return max(max(live, default=0), 0)
     written = sorted((index.get(op, -1), nbytes) for op, nbytes in buffers)
     peak = 0
-    for i in sorted(range(len(live)), key=live.__getitem__)[-_REUSE_CANDIDATES:]:
+    for i in sorted(range(len(live)), key=live.__getitem__, reverse=True):
+        if live[i] <= peak:  # reuse only lowers a point: none further down can be the peak
+            break
         free = collections.Counter(nbytes for at, nbytes in written if at > i)
         unplaced = live[i]
         for nbytes in (b for s, e, b in spans if s <= i <= e):
@@ -168,9 +173,6 @@ def _producers(program: Program, ops: Sequence[Op]) -> Mapping[int, int]:
     return program.memo_of(ops, ("producers",), lambda: {v: i for i, op in enumerate(ops) for v in op.outputs})
 
 
-_REUSE_CANDIDATES = 4  # the highest points of the live temporaries where reuse is worked out
-
-
 @dataclasses.dataclass(frozen=True)
 class _Liveness:
     """What :func:`temp_peak` reads off the program alone: each materialized temporary as
@@ -213,6 +215,10 @@ def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_
             last = max(end.get(v, i) for v in fused)
             for v in ops[i].inputs:
                 end[v] = max(end.get(v, i), last)
+    for i, op in enumerate(ops):  # an update written into its operand's buffer: the operand ends before it
+        v = op.inputs[0] if op.inputs and traits_of(op.primitive).in_place else None
+        if v in start and start[v] < i and end.get(v) == i:
+            end[v] = i - 1
     values = tuple((v, s, max(end.get(v, s), s)) for v, s in start.items())
     regions = tuple((i, op.regions) for i, op in enumerate(ops) if op.regions)
     got = _Liveness(ops, values, regions, {op.id: i for i, op in enumerate(ops)})

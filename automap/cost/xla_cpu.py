@@ -8,13 +8,14 @@ from __future__ import annotations
 import math
 from typing import Callable, Collection, Mapping, Sequence
 
-from automap.analysis import Reshard, execution_factors
+from automap.analysis import POOLING_GRADIENTS, Reshard, execution_factors
 from automap.factors import compose_dim
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState
 
-__all__ = ["conv_layout_copies", "cpu_spans", "gathers_minor"]
+__all__ = ["conv_layout_copies", "cpu_spans", "from_constants", "gathers_minor", "pool_gradient_spans",
+           "replaces_workspace"]
 
 
 def conv_layout_copies(op: Op) -> tuple[bool, bool, bool]:
@@ -69,7 +70,10 @@ def cpu_spans(
       first place: ``in_place``; a resharded one, gathered whole, is copied at the
       op). Its result, written in Eigen's order and then transposed, adds nothing: the transpose
       runs after the operands' copies are freed (XLA's measure of a weight gradient and of an
-      NCHW convolution). Only in the entry computation (loop bodies are not canonicalised).
+      NCHW convolution). Only in the entry computation (loop bodies are not canonicalised);
+    - a max-pool gradient (``select_and_scatter_add``) is split in two, its selection run in the
+      forward (:func:`pool_gradient_spans`; only in the entry computation, where XLA schedules it
+      so: in a loop body its workspace is counted at the op, as on other platforms).
 
     ``index``: op id -> position in ``ops``; ``made``: value -> position of the op in ``ops`` that
     makes it (absent: made before, a program input at the start); ``size``: bytes per device."""
@@ -88,6 +92,8 @@ def cpu_spans(
         spans.append((i, i, 2 * _computed_result_bytes(op, state) * _local_groups(op, state)))
     if body:
         return spans
+    for i, op in _pool_gradients(program, ops):
+        spans.extend(pool_gradient_spans(op, i, made, size, state))
     for i, op, copies in _convs_copying(program, ops):
         rs = reshards.get(op.id, ())
         for v, copied in zip(op.inputs[:2], copies[:2]):
@@ -157,3 +163,64 @@ def gathers_minor(shape: Sequence[int], spec: Sequence[Sequence[str]] | None, ax
         return False
     kept = [math.prod(sizes[a] for a in dim if a not in axes) for dim in spec]
     return any(shape[d] // kept[d] > 1 for d in range(gathered[0]))
+
+
+def from_constants(program: Program, ops: Sequence[Op]) -> frozenset[int]:
+    """Values of ``ops`` computed from literals and constants alone (a zero ``broadcast_in_dim``,
+    an ``iota``): XLA:CPU's schedule computes them first, at the start of the program, so one
+    that is a buffer (the zeroed operand a ``scatter-add`` writes into: a ``segment_sum``, the
+    gradient of a gather) lives from there to its last reader (XLA's live ranges of a message-
+    passing GNN's training step: the zeroed buffers of the four scatter-adds of its backward, made
+    before its first layer, held to the end of the backward)."""
+    def compute() -> frozenset[int]:
+        values = program.values
+        out: set[int] = set()
+        for op in ops:
+            if not op.regions and all(v in out or values[v].kind in ("literal", "const") for v in op.inputs):
+                out.update(op.outputs)
+        return frozenset(out)
+
+    return program.memo_of(ops, ("from_constants",), compute)
+
+
+def replaces_workspace(op: Op, body: bool) -> bool:
+    """Whether :func:`cpu_spans` counts what ``op`` holds in place of its traits' workspace (a
+    max-pool gradient outside a loop body)."""
+    return not body and op.primitive in POOLING_GRADIENTS
+
+
+def _pool_gradients(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op]]:
+    """(position, op) of the max-pool gradients in ``ops``."""
+    return program.memo_of(ops, ("pool_gradients",), lambda: [
+        (i, op) for i, op in enumerate(ops) if op.primitive in POOLING_GRADIENTS])
+
+
+def pool_gradient_spans(op: Op, at: int, made: Mapping[int, int], size: Callable[[int], int],
+                        state: ShardingState) -> list[tuple[int, int, int]]:
+    """(first, last, bytes) of what XLA:CPU holds for a max-pool gradient at position ``at``.
+    Its ``SelectAndScatterExpander`` makes it a variadic reduce-window over the pooled input and
+    one s32 index array per dim, which picks each window's winner and its index per dim, and a
+    scatter of the source into a zeroed input-shaped buffer at those indices. The selection reads
+    only the input, and XLA:CPU's schedule runs it as soon as the input is made, in the forward
+    (``tests/automap/cost/test_cpu_buffers.py``): the index arrays, which read nothing, exist
+    from the start of the program until then (an iota per dim of more than one element a device,
+    one zero array shared by the dims of one), as does the zeroed buffer until the scatter writes
+    the result into it; the winners' indices, concatenated into one (source elements, rank) s32
+    array, live from the selection to the scatter; the winners' values only at the selection. The
+    selection of an input made before ``ops`` (a program input) runs at the op itself.
+
+    ``made``: value -> position of the op that makes it. The generic ``select_and_scatter`` (operand, source, init) and ``select_and_scatter_add``
+    (source, operand) read their operands in different orders."""
+    source, operand = (op.inputs[1], op.inputs[0]) if op.primitive == "select_and_scatter" else op.inputs[:2]
+    result = op.outputs[0]
+    values = state.program.values
+    spec = state.specs.get(result) or ((),) * len(values[result].shape)
+    local = [n // math.prod(state.axes[a] for a in dim) for n, dim in zip(values[result].shape, spec)]
+    arrays = sum(n > 1 for n in local) + any(n == 1 for n in local)
+    index = 4  # s32
+    elements = math.prod(local)
+    winners = size(source) // max(values[source].dtype.itemsize, 1)
+    selected = made.get(operand, at)
+    zeroed = [(0, at - 1, size(result))] if at else []  # the scatter writes the result into it, in place
+    return [(0, selected, elements * index)] * arrays + zeroed + [
+        (selected, at, len(local) * winners * index), (selected, selected, size(source))]

@@ -15,6 +15,8 @@ it, so that none of them keeps its own list of names:
   over and whether the tactics see a matmul (:class:`Contraction`).
 - ``lookup``: for an embedding-style lookup (``gather``), which operand is the table and which
   the indices (:class:`Lookup`).
+- ``in_place``: it writes its result into its first operand's buffer where that operand has no
+  later reader (a scatter, ``dynamic_update_slice``: XLA's buffer assignment shares them).
 - ``workspace``: bytes of the temporaries XLA's expansion of the op holds while it runs, besides
   its operands and results, ``workspace(ctx, **params)`` from the global shapes (None: none),
   split per device as its first result is (``workspace_split="operand"``: as its first operand);
@@ -115,6 +117,7 @@ class Traits:
     emit: Emit = "replay"
     contraction: Contraction | None = None
     lookup: Lookup | None = None
+    in_place: bool = False
     workspace: BytesFn | None = None
     platform_flops: tuple[tuple[str, FlopsFn], ...] = ()  # (platform, flops) where it compiles otherwise
     platform_workspace: tuple[tuple[str, BytesFn], ...] = ()  # (platform, workspace) where it compiles otherwise
@@ -198,7 +201,7 @@ RELABEL = Traits(no_flops, "folded", "fused")  # reshape, broadcast, convert: re
 DATA_MOVEMENT = Traits(no_flops, "kernel", "fused")  # copies, transposes, slices
 SLICE = dataclasses.replace(DATA_MOVEMENT, emit="whole_cut_operand")
 ASSEMBLY = Traits(no_flops, "kernel", "result")  # concatenate, pad: a new buffer from fused operands
-UPDATE = Traits(no_flops, "kernel", "kernel")  # in-place updates of a buffer
+UPDATE = Traits(no_flops, "kernel", "kernel", in_place=True)  # in-place updates of a buffer
 REDUCTION = Traits(input_elements, "kernel", "result")
 WINDOW_REDUCTION = Traits(input_elements, "kernel", "fused")  # pooling
 KERNEL = Traits(input_elements, "kernel", "kernel")  # sorts, cumulative ops, arg reductions
@@ -231,7 +234,7 @@ def _itemsize(dtype: Any) -> int:
 POOLING_GRADIENT = Traits(output_elements, "kernel", "kernel", workspace=select_and_scatter_workspace)
 """``select_and_scatter_add``: the gradient of max pooling, expanded by XLA into a reduce-window
 over the operand and its indices and a scatter (:func:`select_and_scatter_workspace`)."""
-SCATTER = Traits(output_elements, "kernel", "kernel")
+SCATTER = Traits(output_elements, "kernel", "kernel", in_place=True)
 LOOKUP = Traits(no_flops, "kernel", "kernel", emit="pin", lookup=Lookup())
 CONTROL_FLOW = Traits(no_flops, "kernel", "kernel")  # regions count their own ops
 UNKNOWN = Traits(output_elements, "kernel", "kernel")

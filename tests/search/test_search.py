@@ -263,3 +263,22 @@ def test_with_tactics_the_search_fills_only_unused_axes():
 def test_search_must_be_a_searcher():
     with pytest.raises(TypeError, match="search must be a searcher"):
         automap.automap(lambda x: x, mesh=automap.make_mesh({"data": 2}), search="mcts")
+
+
+def test_fsdp_over_the_whole_mesh_is_a_final_candidate_whatever_its_estimate(monkeypatch):
+    """Under a budget no expert ceiling holds to, FSDP over the whole mesh is still one of the
+    plans XLA measures last, even estimated over the budget: a GNN's ZeRO-3 over (data, model)
+    was estimated 138,888 B (its pinned layout) against a 112,665 B budget, and XLA measured
+    110,584 B, the only plan within it."""
+    from types import SimpleNamespace
+
+    import search.mcts as mcts
+    from search.space import Plan
+
+    over = SimpleNamespace(feasible=False)
+    joint = Plan(SimpleNamespace(key=lambda: "joint"), over, ())
+    monkeypatch.setattr(mcts, "whole_mesh_fsdp", lambda space: joint)
+    found = SimpleNamespace(best=SimpleNamespace(state=SimpleNamespace(key=lambda: "answer")), pool=())
+    objective = SimpleNamespace(best=lambda plans: None, ceiling=None)
+    got = mcts._alternatives(SimpleNamespace(describe=str), found, None, objective)
+    assert [(label, state) for label, state, _ in got] == [("expert ()", joint.state)]

@@ -1,0 +1,54 @@
+"""Buffers XLA:CPU holds beyond the program's values, where its schedule puts them: the memory
+estimate against XLA's measure of small training steps on 8 simulated CPU devices."""
+import jax
+import jax.numpy as jnp
+
+import automap
+import tactics
+
+
+def _max_pool(x):
+    return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+
+def _estimate_and_measure(fn, args, tactic):
+    step = automap.automap(fn, mesh=automap.make_mesh({"data": 8}), tactics=tactic, search=None)
+    return step.plan(*args).estimate.peak_memory_bytes, automap.measure(step.lower(*args).compile()).memory_per_device
+
+
+def test_max_pool_gradients_hold_their_index_arrays_from_the_start_of_the_step():
+    """Two max pools, trained: XLA:CPU expands each pool's gradient into a selection (a
+    reduce-window over the input and one s32 index array per dim) and a scatter, runs the selection
+    in the forward right after the pool's input is made, and makes the index arrays (iotas: they
+    read nothing) and the scatter's zeroed buffer at the start of the step, so both pools' arrays
+    are there at the first pool. Counted at the gradient, the estimate said 71,744 B against XLA's
+    82,168 B (12.7% under); with them where XLA holds them, 79,936 B."""
+    def loss(w, v, x):
+        h = _max_pool(jnp.tanh(x * w))
+        h = _max_pool(jnp.tanh(h * 2.0))
+        return (jnp.tanh(h.reshape(h.shape[0], -1) @ v) ** 2).sum()
+
+    def step(w, v, x):
+        gw, gv = jax.grad(loss, (0, 1))(w, v, x)
+        return w - 0.1 * gw, v - 0.1 * gv
+
+    args = (jax.ShapeDtypeStruct((8,), jnp.float32), jax.ShapeDtypeStruct((128, 2), jnp.float32),
+            jax.ShapeDtypeStruct((8, 16, 16, 8), jnp.float32))
+    est, xla = _estimate_and_measure(step, args, [tactics.data_parallel("data")])
+    assert abs(est / xla - 1) < 0.05, (est, xla)
+
+
+def test_a_scatter_writes_into_its_zeroed_operand():
+    """``zeros.at[idx].add(u)``: XLA's buffer assignment gives the scatter its zeroed operand's
+    buffer (no later reader), so the two are one 128 KiB buffer. Counted as two, the estimate said
+    462,848 B against XLA's 330,752 B (40% over)."""
+    def fn(x, idx, u):
+        a = jnp.exp(x)
+        b = (a * a.sum(0)).sum(1)
+        z = jnp.zeros((512, 64)).at[idx].add(u * b[:, None])
+        return jnp.tanh(z).sum(1)
+
+    args = (jax.ShapeDtypeStruct((256, 64), jnp.float32), jax.ShapeDtypeStruct((256,), jnp.int32),
+            jax.ShapeDtypeStruct((256, 64), jnp.float32))
+    est, xla = _estimate_and_measure(fn, args, [])
+    assert abs(est / xla - 1) < 0.01, (est, xla)
