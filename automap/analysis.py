@@ -46,13 +46,28 @@ def _per_device(nbytes: int, spec: Sequence[Axes], sizes: dict[str, int]) -> int
 
 
 def _diff(actual: Spec, wanted: Spec) -> tuple[Axes, Axes]:
-    """(axes to gather, axes to move between dims) to turn ``actual`` into ``wanted``."""
+    """(axes to gather, axes to move between dims) to turn ``actual`` into ``wanted``. XLA moves
+    an axis to another dim by an all-to-all only where no axis minor to it in its dim is
+    gathered; one major to a gathered axis is gathered too (a [8, 4, 4, 32] array on ('data',
+    'model') along dim 0 to 'data' along dim 3: all 8 gathered, 14,336 B sent; to 'model' along
+    dim 3: an all-to-all over 'model', then 'data' gathered, 2,432 B).
+
+    >>> _diff(((("data", "model")), (), (), ()), ((), (), (), ("data",)))
+    (('model', 'data'), ())
+    >>> _diff(((("data", "model")), (), (), ()), ((), (), (), ("model",)))
+    (('data',), ('model',))
+    """
     gather, move = [], []
     for d, axes in enumerate(actual):
-        for a in axes:
+        gathered = False
+        for a in reversed(axes):
             if a in wanted[d]:
                 continue
-            (move if any(a in w for w in wanted) else gather).append(a)
+            if not gathered and any(a in w for w in wanted):
+                move.append(a)
+            else:
+                gather.append(a)
+                gathered = True
     return tuple(gather), tuple(move)
 
 

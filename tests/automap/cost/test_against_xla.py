@@ -224,7 +224,8 @@ def test_a_max_pool_gradient_reshards_its_small_source_not_its_input():
     features over (data, model), its (4, 8, 8, 8) input and result on the batch over data: XLA
     runs it in the input's layout and gathers the source (1,792 B sent). The estimate ran it in
     the source's layout and moved the input and the result (4,352 B, 2.4x); it now moves only the
-    source, by a gather over model and an all-to-all over data where XLA gathers it whole (832 B)."""
+    source, and gathers it whole as XLA does ('data' is major to the gathered 'model' in its dim,
+    so it is not moved by an all-to-all: that was 832 B)."""
     def fn(x, g):
         _, pull = jax.vjp(lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1),
                                                           "VALID"), x)
@@ -233,10 +234,9 @@ def test_a_max_pool_gradient_reshards_its_small_source_not_its_input():
     args = [jnp.ones((4, 8, 8, 8)), jnp.ones((4, 4, 4, 8))]
     state, xla = _laid_out_as_xla_lays_it_out(fn, args, [P("data"), P(None, None, None, D_M), P("data")])
     source = state.program.inputs[1]
-    assert {(r.kind, r.axes, r.value) for r in reshards(state)} == {("all-gather", ("model",), source),
-                                                                    ("all-to-all", ("data",), source)}
+    assert {(r.kind, r.axes, r.value) for r in reshards(state)} == {("all-gather", ("model", "data"), source)}
     assert [(op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops] == [("all-gather", D_M, 2048)]
-    assert estimate(state).wire_bytes == 832 < xla.wire_bytes == 1792
+    assert estimate(state).wire_bytes == xla.wire_bytes == 1792
 
 
 @pytest.mark.parametrize("eq, shapes, specs, want", [
