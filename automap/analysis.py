@@ -53,21 +53,22 @@ def _diff(actual: Spec, wanted: Spec) -> tuple[Axes, Axes]:
     dim 3: an all-to-all over 'model', then 'data' gathered, 2,432 B).
 
     >>> _diff(((("data", "model")), (), (), ()), ((), (), (), ("data",)))
-    (('model', 'data'), ())
+    (('data', 'model'), ())
     >>> _diff(((("data", "model")), (), (), ()), ((), (), (), ("model",)))
     (('data',), ('model',))
     """
     gather, move = [], []
     for d, axes in enumerate(actual):
-        gathered = False
+        gathered, here = False, []
         for a in reversed(axes):
             if a in wanted[d]:
                 continue
             if not gathered and any(a in w for w in wanted):
                 move.append(a)
             else:
-                gather.append(a)
+                here.append(a)
                 gathered = True
+        gather += reversed(here)  # major to minor, as the dim holds them
     return tuple(gather), tuple(move)
 
 

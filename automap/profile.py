@@ -33,7 +33,8 @@ Of the intermediates, ``activations`` are the forward-phase values that exist as
 (:func:`automap.cost.memory.materialized`) and are read by backward-phase ops: the residuals the
 backward pass keeps (a scan's stacked residuals count in full). ``gradients`` are backward-phase
 values read by optimizer-phase ops. ``peak`` is :func:`automap.cost.memory.estimate_memory` of the
-replicated program (arguments + outputs - aliased + live temporaries).
+replicated program (arguments + outputs - aliased + live temporaries) on the platform
+:meth:`Profile.estimate` assumes by default (``cpu-sim``: XLA:CPU's own buffers included).
 """
 from __future__ import annotations
 
@@ -239,7 +240,8 @@ def _profile(fn: Callable, args: Sequence[Any], static_argnums: Sequence[int], d
     donated_args = {dynamic.index(i) for i in donate_argnums if i in dynamic}
     donated = tuple(v for v, a in zip(program.inputs, traced.leaf_arg, strict=True) if a in donated_args)
     # replicated: nothing reshards (saves estimate_memory deriving that from the factor rules)
-    peak = estimate_memory(ShardingState.initial(program, {}), donated=donated, reshards=())
+    peak = estimate_memory(ShardingState.initial(program, {}), donated=donated, reshards=(),
+                           platform=Topology.preset("cpu-sim").platform)
     memory = {c: sum(r.bytes for r in inputs if r.category == c) for c in CATEGORIES}
     memory.update(_intermediates(program, walked, size))
     memory["peak"] = peak.peak
