@@ -352,13 +352,10 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
 
 
 def _permutation_moves(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
-    """The reshards of a sharded permutation factor (pieces laid side by side along one dim), as
-    XLA's partitioner (jax 0.10.2) moves them, measured on 2x4 meshes: a concatenation runs an
-    all-to-all of each operand sharded along the dim and one of its result (two [64, 32] pieces
-    on 'model': 2,048 + 2,048 + 4,096 B; an operand whole along it is sliced locally); a split
-    moves each piece's blocks from the devices holding them by one collective-permute per
-    distinct offset between a piece's block and its source (four for two halves of a [64, 64] on
-    'model', XLA 10,240 B against 8,192 B here; twelve 2,048 B for four quarters, as XLA)."""
+    """The reshards of a sharded permutation factor (a concatenation's joined dim), as XLA's
+    partitioner (jax 0.10.2) moves them, measured on 2x4 meshes: an all-to-all of each operand
+    sharded along the dim and one of the result (two [64, 32] pieces on 'model': 2,048 + 2,048 +
+    4,096 B a device); an operand whole along it is sliced locally."""
     rule, sizes = op.rule, state.axes
     out = []
     n_in = len(op.linked_inputs)
@@ -367,28 +364,12 @@ def _permutation_moves(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tu
         axes = fax.get(f, ())
         if factor.kind != "permutation" or not axes:
             continue
-        n = math.prod(sizes[a] for a in axes)
         at = [(pos, d) for pos, dims in enumerate(rule.operands + rule.results) for d, fs in enumerate(dims) if f in fs]
-        pieces, whole = [p for p in at if p[0] < n_in], [p for p in at if p[0] >= n_in]
-        if len(whole) != 1:  # pieces are the results (a split): the whole is the operand
-            pieces, whole = whole, pieces
-            offset, length = 0, state.program.values[linked[whole[0][0]]].shape[whole[0][1]]
-            for pos, d in pieces:
-                value = state.program.values[linked[pos]]
-                width, block = value.shape[d], length // n
-                shifts = {k - i for i in range(n) for k in range((offset + i * width // n) // block,
-                                                                  (offset + (i + 1) * width // n - 1) // block + 1)}
-                nbytes = _per_device(value.nbytes, _implied(op, state, fax, pos), sizes)
-                out += [(pos, "collective-permute", axes, nbytes, "result")] * len(shifts - {0})
-                offset += width
-            continue
-        for pos, d in pieces:  # a concatenation: each operand sharded along the dim, then its result
-            if tuple(state.spec(linked[pos])[d]) == axes:
-                nbytes = state.program.values[linked[pos]].nbytes
-                out.append((pos, "all-to-all", axes, _per_device(nbytes, _implied(op, state, fax, pos), sizes), "operand"))
-        pos = whole[0][0]
-        nbytes = state.program.values[linked[pos]].nbytes
-        out.append((pos, "all-to-all", axes, _per_device(nbytes, _implied(op, state, fax, pos), sizes), "result"))
+        for pos, d in at:
+            value = state.program.values[linked[pos]]
+            if pos >= n_in or tuple(state.spec(linked[pos])[d]) == axes:
+                out.append((pos, "all-to-all", axes, _per_device(value.nbytes, _implied(op, state, fax, pos), sizes),
+                            "result" if pos >= n_in else "operand"))
     return tuple(out)
 
 

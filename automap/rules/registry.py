@@ -6,9 +6,9 @@ reshape merges or splits factors, so a dim may hold several); ``()`` marks a dim
 never be sharded (size one, or an index dimension). A factor is ``parallel`` (sharding it shards
 the work), ``reduction`` (it appears only in operands: sharding it leaves a partial result that
 needs an all-reduce or reduce-scatter), ``blocked`` (it must stay whole, e.g. the sorted dim) or
-``permutation`` (it lays pieces side by side along one dim, a concatenation's or a split's: it
-may stay sharded, each device's block then gathered from others' by an all-to-all or
-collective-permutes, as XLA's partitioner does, rather than the whole dim gathered).
+``permutation`` (it lays pieces side by side along one dim, a concatenation's: it may stay
+sharded, each device's block then gathered from others' by all-to-alls, as XLA's partitioner
+does, rather than the whole dim gathered).
 
 Rules take a :class:`RuleContext` first and the primitive's params as keywords last, so a new
 param in a JAX release never breaks a rule. The primitive's traits (its FLOPs, fusion, memory,

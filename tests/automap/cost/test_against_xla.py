@@ -455,11 +455,10 @@ def _cat_dot(x, y, w):
     ("concat into a dot", _cat_dot, [(64, 32), (64, 32), (64, 32)], [P("data", "model")] * 2 + [P()], (P("data"),)),
 ])
 def test_pieces_laid_side_by_side_stay_sharded_as_xla_keeps_them(name, fn, shapes, specs, out_specs):
-    """A concatenation or split along a sharded dim: XLA's partitioner keeps the dim sharded and
-    moves each device's blocks (all-to-alls for a concatenation; a split's collective-permutes
-    send about what gathering its operand would: 24,576 B either way for four quarters of a
-    [64, 128] on 'model', its pieces now left sharded); the estimate gathered the pieces whole (GNN messages ``concatenate([h[senders], h[receivers]])``
-    into a Dense: the megatron plan's dot FLOPs 3.36x XLA's, now 1.00x)."""
+    """A concatenation along a sharded dim: XLA's partitioner keeps the dim sharded and moves
+    each device's blocks by all-to-alls; the estimate gathered the pieces whole (GNN messages
+    ``concatenate([h[senders], h[receivers]])`` into a Dense: the megatron plan's dot FLOPs
+    3.36x XLA's, now 1.00x)."""
     axes = {"data": 2, "model": 4}
     args = [jnp.ones(s) for s in shapes]
     prog = lower(jax.make_jaxpr(fn)(*args), [f"x{i}" for i in range(len(args))], [f"y{i}" for i in range(len(out_specs))])

@@ -113,9 +113,8 @@ ROWS = [
         (P("data"), P("data")), set()),
     row("split_other_dim", lambda x: tuple(jnp.split(x, [4], axis=0)), [S], {"x": P(None, "model")},
         (P(None, "model"), P(None, "model")), set()),
-    # the pieces stay sharded: each device's block of a piece fetched by collective-permutes
-    row("split_sharded_dim", lambda x: tuple(jnp.split(x, 2)), [(32,)], {"x": P("x")}, (P("x"), P("x")),
-        {"collective-permute"}, mesh=MESH_8),
+    row("split_sharded_dim", lambda x: tuple(jnp.split(x, 2)), [(32,)], {"x": P("x")}, (P(), P()),
+        {"all-gather", "collective-permute"}, mesh=MESH_8, model={"all-gather"}),
     # stack (jnp.stack, rotary embeddings): operands share every dim, the new dim stays whole
     row("stack_minor", lambda x, y: jnp.stack([x, y], axis=-1), [S, S], {"x": DM, "y": DM},
         P("data", "model", None), set(), inner={"stack": P("data", "model", None)}),
