@@ -13,7 +13,7 @@ from automap.cost.estimate import estimate
 from automap.cost.memory import estimate_memory
 from automap.ir.lower import lower
 from automap.propagate import apply
-from automap.shardings import Action, ShardingState
+from automap.shardings import Action, ShardingState, from_partition_spec
 from automap.verify import op_axes
 from automap.xla_layout import xla_layout
 
@@ -439,6 +439,22 @@ def test_a_convolution_leaving_a_mesh_axis_idle_is_split_over_it_too(name, fn, s
     assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
 
 
+def _propagated_as_planned(fn, args, specs):
+    """(``fn``'s program propagated by automap from its input and output specs as actions, XLA's
+    measure of ``jax.jit(fn)`` given the same specs) on the 2x4 mesh: what a plan pinning those
+    specs estimates, beside what XLA compiles."""
+    prog = lower(jax.make_jaxpr(fn)(*args), [f"x{i}" for i in range(len(args))],
+                 [f"out{i}" for i in range(len(specs) - len(args))])
+    actions = [Action(v, d, a) for v, spec in zip((*prog.inputs, *prog.outputs), specs, strict=True)
+               for d, entry in enumerate(spec) for a in ((entry,) if isinstance(entry, str) else (entry or ()))]
+    state = apply(ShardingState.initial(prog, MESH_2X4), actions)
+    mesh = automap.make_mesh(MESH_2X4)
+    shardings = [NamedSharding(mesh, p) for p in specs]
+    outs = shardings[len(args):]
+    jitted = jax.jit(fn, in_shardings=tuple(shardings[: len(args)]), out_shardings=outs[0] if len(outs) == 1 else tuple(outs))
+    return state, automap.measure(jitted.lower(*args).compile())
+
+
 def _cat(*pieces):
     return jnp.concatenate(pieces, axis=1)
 
@@ -459,20 +475,9 @@ def test_pieces_laid_side_by_side_stay_sharded_as_xla_keeps_them(name, fn, shape
     each device's blocks by all-to-alls; the estimate gathered the pieces whole (GNN messages
     ``concatenate([h[senders], h[receivers]])`` into a Dense: the megatron plan's dot FLOPs
     3.36x XLA's, now 1.00x)."""
-    axes = {"data": 2, "model": 4}
-    args = [jnp.ones(s) for s in shapes]
-    prog = lower(jax.make_jaxpr(fn)(*args), [f"x{i}" for i in range(len(args))], [f"y{i}" for i in range(len(out_specs))])
-    actions = [Action(v, d, a) for v, spec in zip(prog.inputs + prog.outputs, list(specs) + list(out_specs))
-               for d, entry in enumerate(spec) for a in ((entry,) if isinstance(entry, str) else (entry or ()))]
-    state = apply(ShardingState.initial(prog, axes), actions)
-    mesh = automap.make_mesh(axes)
-    jitted = jax.jit(fn, in_shardings=tuple(NamedSharding(mesh, s) for s in specs),
-                     out_shardings=tuple(NamedSharding(mesh, s) for s in out_specs) if len(out_specs) > 1
-                     else NamedSharding(mesh, out_specs[0]))
-    xla = automap.measure(jitted.lower(*args).compile())
+    state, xla = _propagated_as_planned(fn, [jnp.ones(s) for s in shapes], [*specs, *out_specs])
     est = estimate(state)
-    assert [state.specs.get(v) for v in prog.outputs] == [tuple(tuple(a) if isinstance(a, tuple) else (a,) if a else ()
-                                                                for a in (tuple(s) + (None,) * 2)[:2]) for s in out_specs]
+    assert [state.specs.get(v) for v in state.program.outputs] == [from_partition_spec(s, 2) for s in out_specs]
     assert est.wire_bytes == xla.wire_bytes
     assert est.dot_flops == xla.dot_flops
 
@@ -490,22 +495,13 @@ def test_a_depthwise_conv_runs_in_its_kernels_channel_layout_as_xla_runs_it(x_sp
     """The examples on 'data' (or ('data', 'model')), the depthwise kernel's channels on 'data'
     (FSDP): XLA runs the conv split on the channels, the examples whole (200,704 dot FLOPs a
     device, not 50,176), moving the input by all-to-all (4,096 B sent in all on 'data'; from
-    ('data', 'model') it gathers the input whole: 16,896 B, the estimate's all-to-all after a
-    gather over 'model' 8,704). The estimate gathered the kernel and split the examples."""
-    axes = {"data": 2, "model": 4}
-    x, k = jnp.ones((8, 4, 4, 32)), jnp.ones((7, 7, 1, 32))
-    prog = lower(jax.make_jaxpr(_depthwise)(x, k), ["x", "k"], ["y"])
-    k_spec = P(None, None, None, "data")
-    actions = [Action(v, d, a) for v, spec in zip(prog.inputs + prog.outputs, (x_spec, k_spec, x_spec))
-               for d, entry in enumerate(spec) for a in ((entry,) if isinstance(entry, str) else (entry or ()))]
-    state = apply(ShardingState.initial(prog, axes), actions)
-    mesh = automap.make_mesh(axes)
-    jitted = jax.jit(_depthwise, in_shardings=(NamedSharding(mesh, x_spec), NamedSharding(mesh, k_spec)),
-                     out_shardings=NamedSharding(mesh, x_spec))
-    xla = automap.measure(jitted.lower(x, k).compile())
+    ('data', 'model') it gathers the input whole, then all-to-alls and permutes the result back:
+    16,896 B, the estimate 16,384). The estimate gathered the kernel and split the examples."""
+    args = [jnp.ones((8, 4, 4, 32)), jnp.ones((7, 7, 1, 32))]
+    state, xla = _propagated_as_planned(_depthwise, args, [x_spec, P(None, None, None, "data"), x_spec])
     est = estimate(state)
     assert est.dot_flops == xla.dot_flops == 200704
-    if want_bytes:  # (from ('data', 'model') left: XLA gathers the input whole rather than move 'data')
+    if want_bytes:  # (from ('data', 'model') left: the result's way back, permutes, is not modelled)
         assert est.wire_bytes == xla.wire_bytes
 
 
