@@ -2,7 +2,9 @@
 
 An op runs with the factor axes its linked values agree on (:func:`execution_factors`);
 operands and results laid out otherwise are resharded before or after it (:class:`Reshard`).
-:func:`analyse` walks every op; the cost model prices what it finds.
+:func:`analyse` walks every op; the cost model prices what it finds. Where XLA's partitioner runs
+an op otherwise than the factor solution says, the op's analysis follows XLA: contractions in
+:mod:`automap.contraction_layouts`, gathers and scatter-adds in :mod:`automap.indexed_ops`.
 
 Both are memoised twice over: per op, with the op's factor solution (identical layers and
 revisited specs hit the cache), and per state: a state made by
@@ -17,6 +19,7 @@ import math
 from typing import Iterable, Literal, Sequence
 
 from automap.factors import Axes, compose_dim, solution, solve_factors
+from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
 from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
@@ -105,164 +108,11 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
         indexed = indices_first(op, state, fax, templates, _templates)
         if indexed is not None:
             fax, templates = indexed
-        if op.primitive == "dot_general":
-            fax, templates = _result_layout_first(op, state, fax, templates)
-            fax, templates = _mismatched_sums_in_result_layout(op, state, fax, templates)
-            gathered = _whole_partner_gathers(op, state, fax)
-            if gathered is not None:  # measured: no detour over an idle axis then
-                fax, templates = gathered
-            else:
-                templates, detour = _idle_axis_detours(op, state, fax, templates)
-        elif op.primitive == "conv_general_dilated":
-            templates, detour = _idle_axis_detours(op, state, fax, templates)
+        if op.primitive in CONTRACTIONS:
+            fax, templates, detour = as_xla_contracts(op, state, fax, templates, _templates)
         pieces = math.prod(sizes[a] for ax in fax.values() for a in ax) * detour
         got = sol.analysis = (fax, templates, pieces)
     return got
-
-
-def _result_layout_first(op: Op, state: ShardingState, fax: dict[int, Axes], templates: tuple) -> tuple[dict, tuple]:
-    """(factor axes, templates) of a contraction whose result is wanted whole on axes an operand
-    splits a free dim on: XLA's dot partitioner all-gathers the operand and runs the dot in the
-    result's layout, rather than gathering the result (measured on jax 0.10.2 with a result half
-    the operand's size and with one 4x larger: the operand gathered both times)."""
-    gathered = {a for _, kind, axes, _, where, *_ in templates if kind == "all-gather" and where == "result" for a in axes}
-    if not gathered:
-        return fax, templates
-    alt = {f: kept for f, axes in fax.items() if (kept := tuple(a for a in axes if a not in gathered))}
-    return alt, _templates(op, state, alt)
-
-
-def _mismatched_sums_in_result_layout(op: Op, state: ShardingState, fax: dict[int, Axes],
-                                      templates: tuple) -> tuple[dict, tuple]:
-    """(factor axes, templates) of a contraction whose two operands both split the dims it sums
-    over, no summed dim on the same axes in both (one 8 ways over ('data', 'model'), the other 2
-    ways over 'data'), its result split: XLA's dot partitioner finds no partial sum both operands
-    share and runs the dot in the result's layout, the operand split more ways along the sum
-    gathered whole (then sliced), the other resharded to the result's free dims, rather than
-    summing partial results and resharding the result. Measured on jax 0.10.2, mesh 2x4,
-    ``bi,bj->ij`` (the weight gradient of a dense layer whose input and cotangent FSDP left split
-    differently): the result (model, data) with the input on its batch (data) or its batch and
-    features (model, data) or (data, model), the batch 8 or 512 (operands 10x the result:
-    resharded all the same). A mesh axis the result leaves free splits the sum as an operand splits
-    it (an attention input projection, its weight (features on 'data', inputs on 'model'), the
-    activation's inputs on 'data', the result's features on 'data': summed over 'model', the
-    activation resharded to it). Where one summed dim is split alike in both (a ViT's attention
-    output projection, the heads on 'model' in both, the head dim on 'data' in one), XLA sums
-    partial results over it as before; a replicated result too (XLA gathers the operand split
-    more ways down to the other's split)."""
-    rule = op.rule
-    summed = set(rule.reduction_factors)
-    if not summed or len(op.linked_inputs) != 2 or len(op.linked_outputs) != 1:
-        return fax, templates
-
-    def summed_axes(pos: int) -> dict[int, Axes] | None:
-        out = {}
-        for axes, fs in zip(state.spec(op.linked_inputs[pos]), rule.operands[pos], strict=True):
-            if fs and set(fs) <= summed and axes:
-                if len(fs) != 1:
-                    return None  # a merged dim: not measured
-                out[fs[0]] = axes
-        return out
-
-    split = [summed_axes(0), summed_axes(1)]
-    result = state.spec(op.linked_outputs[0])
-    if not (split[0] and split[1]) or not any(result) or any(split[0].get(f) == axes for f, axes in split[1].items()):
-        return fax, templates
-    alt: dict[int, Axes] = {}
-    for axes, fs in zip(result, rule.results[0], strict=True):
-        if axes and len(fs) != 1:
-            return fax, templates  # a merged dim: not measured
-        if axes:
-            alt[fs[0]] = axes
-    used = {a for axes in alt.values() for a in axes}
-    for f in summed:  # the axes the result leaves free split the sum as an operand splits it
-        kept = [tuple(a for a in got.get(f, ()) if a not in used) for got in split]
-        if best := max(kept, key=len):
-            alt[f] = best
-            used.update(best)
-    sizes = state.axes
-    more = max((0, 1), key=lambda pos: math.prod(sizes[a] for axes in split[pos].values() for a in axes))
-    vid = op.linked_inputs[more]
-    held = {a for axes in state.spec(vid) for a in axes}
-    if held == {a for axes in split[more].values() for a in axes} and not summed & set(alt):  # gathered whole
-        whole = (more, "all-gather", tuple(a for a in sizes if a in held), state.program.values[vid].nbytes, "operand")
-        return alt, (whole,) + tuple(t for t in _templates(op, state, alt) if t[0] != more)
-    return alt, _templates(op, state, alt)
-
-
-def _whole_partner_gathers(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple[dict, tuple] | None:
-    """(factor axes, templates) of a contraction whose summed dims one operand splits while the
-    other operand is whole on every mesh axis, as XLA's dot partitioner runs it: the split operand
-    all-gathered and the dot run whole on those axes, rather than partial results summed; no
-    detour over an idle axis; a result wanted split over the gathered axes on a dim of the whole
-    operand computed so (the whole operand sliced). Measured on jax 0.10.2: ``ecd,tec->td`` and
-    ``mk,kn->mn`` with the split operand 0.6x to 32x the result, over 'model' and over 'data'
-    ('model' idle), the result whole or split on a dim of the whole operand (the routed tokens of
-    a Switch MoE whose batch stays whole). None where it does not apply: the other operand split
-    on some axis, the split operand split on a dim it keeps too (``exp(x) @ w``, its rows on 'data'
-    and its features on 'model': XLA all-reduces the partial result over 'model'), or the result
-    wanting the gathered axes on a dim of the split operand (XLA does otherwise there)."""
-    rule = op.rule
-    summed = {a for f in rule.reduction_factors for a in fax.get(f, ())}
-    if not summed or len(op.linked_inputs) != 2:
-        return None
-    whole = [i for i, v in enumerate(op.linked_inputs) if not any(state.spec(v))]
-    if len(whole) != 1:
-        return None
-    split, split_dims = op.linked_inputs[1 - whole[0]], rule.operands[1 - whole[0]]
-    reduction = set(rule.reduction_factors)
-    if any(axes and not set(fs) <= reduction for axes, fs in zip(state.spec(split), split_dims, strict=True)):
-        return None  # split on a kept dim too (rows on data, the sum on model): XLA sums partial results
-    split_factors = {f for fs in split_dims for f in fs}
-    for v, dims in zip(op.linked_outputs, rule.results, strict=True):
-        for axes, fs in zip(state.spec(v), dims, strict=True):
-            if summed & set(axes) and split_factors & set(fs):
-                return None
-    alt = {f: kept for f, axes in fax.items() if (kept := tuple(a for a in axes if a not in summed))}
-    for v, dims in zip(op.linked_outputs, rule.results, strict=True):  # the result's slice of the whole operand
-        for axes, fs in zip(state.spec(v), dims, strict=True):
-            if len(fs) == 1 and fs[0] not in alt and set(axes) <= summed and axes:
-                alt[fs[0]] = axes
-    return alt, _templates(op, state, alt)
-
-
-def _idle_axis_detours(op: Op, state: ShardingState, fax: dict[int, Axes], templates: tuple) -> tuple[tuple, int]:
-    """(templates, how many more ways the op's work is split) as XLA's dot partitioner (jax 0.10.2)
-    runs a contraction that leaves a mesh axis idle (no factor, operand or result of it on the
-    axis) at least as large as the group of a reshard it needs: it splits the dot over the idle
-    axis too and moves the pieces into place with a collective-permute. An operand all-gather over
-    ``A`` (S bytes gathered) becomes a collective-permute of S/m over ``A`` and the idle axis (m
-    devices) and an all-gather over the idle axis; a result reduce-scatter over ``A`` (n devices,
-    S bytes) an all-reduce over ``A`` of S/n and a collective-permute of S/n, the dot's work split n
-    more ways. Twice the bytes the plain collective sends, on every dot measured (mesh 2x4 and
-    2x2, batched and plain, FSDP's weight gathers and gradient scatters with 'model' idle), and on
-    convolutions, which XLA partitions as dots (a kernel gathered for the forward conv, its
-    gradient scattered, mesh 2x4: the resnet's fsdp_tp plan); an idle axis smaller than the group
-    leaves the plain collective. Other contractions (a ragged dot is a masked dense dot on CPU)
-    are left as they are: not measured."""
-    if not templates or op.primitive not in ("dot_general", "conv_general_dilated"):  # measured on these alone
-        return templates, 1
-    sizes = state.axes
-    used = {a for axes in fax.values() for a in axes}
-    used.update(a for v in op.linked for axes in state.spec(v) for a in axes)
-    idle = [a for a, n in sizes.items() if n > 1 and a not in used]
-    if not idle:
-        return templates, 1
-    out, split = [], 1
-    for pos, kind, axes, nbytes, where, *_ in templates:
-        n = math.prod(sizes[a] for a in axes)
-        spare = next((a for a in idle if sizes[a] >= n), None)
-        if spare is None or (kind, where) not in (("all-gather", "operand"), ("reduce-scatter", "result")):
-            out.append((pos, kind, axes, nbytes, where))
-            continue
-        both = tuple(a for a in sizes if a in axes or a == spare)
-        if kind == "all-gather":
-            out += [(pos, "collective-permute", both, nbytes // sizes[spare], where),
-                    (pos, "all-gather", (spare,), nbytes, where)]
-        else:
-            out += [(pos, "all-reduce", axes, nbytes // n, where), (pos, "collective-permute", both, nbytes // n, where)]
-            split *= n
-    return tuple(out), split
 
 
 POOLING_GRADIENTS = ("select_and_scatter_add", "select_and_scatter")
