@@ -136,7 +136,25 @@ def _moved_to_idle(op: Op, state, fax: dict[int, Axes], alt: dict[int, Axes], lo
 def xla_cost(op: Op, state, fax: dict[int, Axes], reshards: Templates) -> tuple[int, int]:
     """How XLA's partitioner ranks ways to run a gather or scatter (its cost model, jax 0.10.2):
     (the largest buffer footprint, operands and result per device, of the op and of each of its
-    collectives; the bytes the collectives move), compared in that order: memory first."""
+    collectives; the bytes the collectives move), compared in that order: memory first.
+
+    The lookup of :func:`indices_first`'s example, run in the table's split (each device looks up
+    the rows it holds; the 32 KiB of partial lookups reduce-scattered) and along the indices (the
+    8 KiB table gathered): the second is XLA's, with the smaller largest buffer.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.analysis import _templates
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> prog = lower(jax.make_jaxpr(lambda t, i: t[i])(jnp.ones((64, 32)), jnp.zeros(256, jnp.int32)), ["t", "i"], ["y"])
+    >>> (t, i), (y,) = prog.inputs, prog.outputs
+    >>> rows = (("data", "model"),)
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs={t: rows + ((),), i: rows, y: rows + ((),)})
+    >>> (op,) = [op for op in prog.ops if op.primitive == "gather"]
+    >>> table_rows, indices = {0: ("data", "model")}, {2: ("data", "model")}  # the factor of each way
+    >>> [xla_cost(op, state, fax, _templates(op, state, fax)) for fax in (table_rows, indices)]
+    [(36864, 32768), (12416, 8192)]
+    """
     sizes, rule = state.axes, op.rule
     values = state.program.values
     op_bytes = 0
