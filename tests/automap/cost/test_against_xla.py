@@ -633,3 +633,18 @@ def test_a_mesh_axis_the_result_leaves_free_splits_the_sum_as_an_operand_splits_
     assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == [
         ("all-reduce", ("model",), 2048), ("collective-permute", D_M, 1024)]
     assert estimate(state).dot_flops == xla.dot_flops == 8192
+
+
+@pytest.mark.parametrize("out_spec, moved", [(P("model", "data"), 8192), (P("data", "model"), 16384)])
+def test_a_contraction_summing_over_whole_dims_runs_split_as_its_result(out_spec, moved):
+    """A dense layer's weight gradient under FSDP: the input's and the cotangent's features both
+    on 'data', the gradient on (model, data) or (data, model). No operand splits the sum: XLA
+    runs the dot in the result's layout, split 8 ways, one operand moved into it by a permute.
+    The estimate ran it 2 ways and sliced the result (a ViT's weight gradients: the held-out nnx
+    ViT's FSDP plan 1.43x XLA's dot FLOPs). Its reshard is priced as a gather (twice the permute)."""
+    fn = lambda x, dy: jnp.einsum("bsi,bso->io", x, dy)  # noqa: E731
+    specs = [P(None, None, "data"), P(None, None, "data"), out_spec]
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones((8, 16, 64)), jnp.ones((8, 16, 128))], specs)
+    assert [(op.kind, op.bytes) for op in xla.ops] == [("collective-permute", moved)]
+    assert estimate(state).dot_flops == xla.dot_flops == 2 * 8 * 16 * 64 * 128 // 8
+    assert estimate(state).wire_bytes == 2 * xla.wire_bytes
