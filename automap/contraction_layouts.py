@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from automap.factors import Axes, split_dim
+from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op
 
 CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
@@ -181,8 +181,13 @@ def _idle_axis_detours(op: Op, state, fax: dict[int, Axes], templates: Templates
     2x2, batched and plain, FSDP's weight gathers and gradient scatters with 'model' idle), and on
     convolutions, which XLA partitions as dots (a kernel gathered for the forward conv, its
     gradient scattered, mesh 2x4: the resnet's fsdp_tp plan); an idle axis smaller than the group
-    leaves the plain collective. Other contractions (a ragged dot is a masked dense dot on CPU)
-    are left as they are: not measured."""
+    leaves the plain collective. An operand gathered along a summed dim whose result is small
+    (its all-reduce sends fewer bytes than the gather: ``2 R < S``) is instead permuted so that the
+    idle axis splits the sum, and the partial results all-reduced over it, the work split m more
+    ways (measured: a conv whose kernel is split on its input features with a 2 KiB result, an
+    ``x @ w`` with ``w`` split on its rows and a 1 KiB result; with a 64 KiB result XLA gathers the
+    9 KiB kernel; where between R and 2R XLA switches is not measured). Other contractions (a
+    ragged dot is a masked dense dot on CPU) are left as they are: not measured."""
     if not templates or op.primitive not in ("dot_general", "conv_general_dilated"):  # measured on these alone
         return templates, 1
     sizes = state.axes
@@ -199,10 +204,29 @@ def _idle_axis_detours(op: Op, state, fax: dict[int, Axes], templates: Templates
             out.append((pos, kind, axes, nbytes, where))
             continue
         both = tuple(a for a in sizes if a in axes or a == spare)
-        if kind == "all-gather":
-            out += [(pos, "collective-permute", both, nbytes // sizes[spare], where),
+        m = sizes[spare]
+        partial = _summed_partial_bytes(op, state, fax, pos, axes) if kind == "all-gather" else None
+        if partial is not None and 2 * partial < nbytes:  # partial results over the idle axis send less
+            out += [(pos, "collective-permute", both, nbytes // m, where),
+                    (len(op.linked_inputs), "all-reduce", (spare,), partial, "result")]
+            split *= m
+        elif kind == "all-gather":
+            out += [(pos, "collective-permute", both, nbytes // m, where),
                     (pos, "all-gather", (spare,), nbytes, where)]
         else:
             out += [(pos, "all-reduce", axes, nbytes // n, where), (pos, "collective-permute", both, nbytes // n, where)]
             split *= n
     return tuple(out), split
+
+
+def _summed_partial_bytes(op: Op, state, fax: dict[int, Axes], pos: int, axes: Axes) -> int | None:
+    """Bytes per device of the op's (first) result in its layout, where its operand ``pos`` is
+    gathered over ``axes`` along a dim the op sums over (else None)."""
+    rule, sizes = op.rule, state.axes
+    summed = set(rule.reduction_factors)
+    spec, dims = state.spec(op.linked_inputs[pos]), rule.operands[pos]
+    if not op.linked_outputs or not any(set(a) & set(axes) and fs and set(fs) <= summed
+                                        for a, fs in zip(spec, dims, strict=True)):
+        return None
+    implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in rule.results[0])
+    return state.program.values[op.linked_outputs[0]].nbytes // math.prod(sizes[a] for axes in implied for a in axes)

@@ -426,12 +426,23 @@ def test_xla_cpu_runs_a_ragged_dot_on_a_masked_copy_per_group():
     ("gradient scattered", _weight_step, [(8, 16, 16, 16), (8, 16, 16, 16), (3, 3, 16, 16)],
      [P("data"), P("data"), P(None, None, None, "data"), P(None, None, None, "data")],
      [("all-reduce", ("data",), 4608), ("collective-permute", D_M, 4608)]),
+    # a kernel split on its input features (summed), a 2 KiB result: the sum split over model,
+    # the 2 KiB partial results all-reduced over it rather than the 18 KiB kernel gathered
+    ("summed dim, small result", _conv, [(8, 4, 4, 64), (3, 3, 64, 8)], [P("data"), P(None, None, "data"), P("data")],
+     [("all-reduce", ("model",), 2048), ("collective-permute", D_M, 4608)]),
+    # a 64 KiB result: the 9 KiB kernel gathered
+    ("summed dim, large result", _conv, [(8, 16, 16, 16), (3, 3, 16, 16)], [P("data"), P(None, None, "data"), P("data")],
+     [("all-gather", ("model",), 9216), ("collective-permute", D_M, 2304)]),
+    # a dot does the same: w split on its rows, a 1 KiB result
+    ("dot, summed dim, small result", lambda x, w: x @ w, [(8, 256), (256, 64)], [P("data"), P("data"), P("data")],
+     [("all-reduce", ("model",), 1024), ("collective-permute", D_M, 16384)]),
 ])
 def test_a_convolution_leaving_a_mesh_axis_idle_is_split_over_it_too(name, fn, shapes, specs, want):
     """XLA partitions a convolution as a dot: one that leaves a mesh axis idle splits over it and
     moves the pieces with a collective-permute (twice the plain collective's bytes, the weight
-    gradient's FLOPs halved). The estimate had the plain gather and scatter: the resnet's fsdp_tp
-    plan 0.56x XLA's bytes sent and 1.56x its conv FLOPs."""
+    gradient's FLOPs halved); an operand gathered along a summed dim whose result is small is
+    summed over the idle axis instead (the work split 4 more ways). The estimate had the plain
+    gather and scatter: the resnet's fsdp_tp plan 0.56x XLA's bytes sent and 1.56x its conv FLOPs."""
     state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs)
     assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
     assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
