@@ -305,9 +305,9 @@ def test_a_depthwise_kernel_gradient_is_partitioned_as_xla_partitions_it(axes, s
     by its factor rule: the estimate gathered both activations. XLA partitions it as a contraction
     over the examples, parallel in the channels (examples split: the small kernel all-reduced;
     channels split: nothing sent), and XLA:CPU expands it over the local channels: its FLOPs grow
-    with their square (12.8e6 compiled for 401,408 of arithmetic on one device). (Left out: the
-    examples on data of a 2x4 mesh, model unused: XLA all-reduces the partial kernel over all 8
-    devices, 1,008 B on the wire where the estimate sends 576 over data.)"""
+    with their square (12.8e6 compiled for 401,408 of arithmetic on one device). (The examples on
+    data of a 2x4 mesh, model unused: XLA all-reduces the partial kernel over all 8 devices, as
+    the next test has it.)"""
     x, fn, prog = _depthwise_kernel_gradient()
     (xv,), (out,) = prog.inputs, prog.outputs
     actions = [Action(xv, d, a) for d, entry in enumerate(spec) for a in ((entry,) if isinstance(entry, str) else
@@ -323,6 +323,35 @@ def test_a_depthwise_kernel_gradient_is_partitioned_as_xla_partitions_it(axes, s
     # the dense expansion: its two copies per local group (0.79-1.05x XLA's, without them 0.13-0.62x; the transposed
     # copies of the operands are left out)
     assert abs(est.peak_memory_bytes / xla.memory_per_device - 1) < 0.25
+
+
+def _kernel_gradient_32(x, dy):  # a 7x7 depthwise conv's kernel gradient over 32 channels (ConvNeXt's)
+    return jax.lax.conv_general_dilated(x, dy, (1, 1), ((3, 3), (3, 3)), dimension_numbers=_KERNEL_GRAD,
+                                        batch_group_count=32)
+
+
+@pytest.mark.parametrize("x_spec, out_spec, want", [
+    (P("data"), P(None, None, None, "data"), ("all-reduce", 6422528)),
+    (P("data"), P(None, None, None, "model"), ("all-reduce", 6422528)),
+    (P(D_M), P(None, None, None, "data"), ("all-reduce", 1605632)),
+    (P("data"), P(None, None, None, D_M), ("reduce-scatter", 6422528)),
+])
+def test_a_kernel_gradient_whose_input_keeps_its_channels_whole_runs_over_all_of_them(x_spec, out_spec, want):
+    """The examples split, the channels whole in the input: XLA runs the kernel gradient over all
+    32 channels whatever the gradient's layout (the dense expansion whole: 6.4e6 FLOPs with the
+    examples on 'data'), and reduces the partial kernel over all 8 devices, 'model' included
+    though the examples leave it idle: reduce-scattered where the gradient is split over
+    ('data', 'model'), else all-reduced whole. The estimate split the channels as the gradient
+    does and summed over 'data' alone, or detoured over 'model' (a held-out nnx ConvNeXt's
+    fsdp_tp plan: 0.59x XLA's dot FLOPs)."""
+    args = [jnp.ones((8, 4, 4, 32))] * 2
+    state, xla = _laid_out_as_xla_lays_it_out(_kernel_gradient_32, args, [x_spec, x_spec, out_spec])
+    kind, flops = want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == [(kind, D_M, 6272)]
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == [(kind, D_M, 6272)]
+    est = estimate(state)
+    assert est.dot_flops == xla.dot_flops == flops
+    assert est.wire_bytes == xla.wire_bytes
 
 
 def test_a_kernel_gradient_stored_split_is_expanded_whole_before_its_reduce_scatter():
