@@ -1,7 +1,9 @@
 """How XLA's SPMD partitioner (jax 0.10.2, Shardy) runs a contraction (a dot or a convolution)
 whose operands and result disagree, where that differs from the factor solution's way: the
-operand gathered and the dot run in the result's layout, sums split differently in the two
-operands, a whole partner gathered, a detour over an idle mesh axis. Each rule was measured on
+operand gathered and the dot run in the result's layout, or the operands resharded to a result
+split more ways, sums split differently in the two operands, a whole partner gathered, a detour
+over an idle mesh axis (or a sum moved onto it), a depthwise kernel gradient run over all its
+channels. Each rule was measured on
 small functions compiled by XLA (``tests/automap/cost/test_against_xla.py``);
 :func:`as_xla_contracts` applies them in turn for :mod:`automap.analysis`.
 """
