@@ -1,7 +1,9 @@
 """How XLA's SPMD partitioner (jax 0.10.2, Shardy) runs a contraction (a dot or a convolution)
 whose operands and result disagree, where that differs from the factor solution's way: the
-operand gathered and the dot run in the result's layout, sums split differently in the two
-operands, a whole partner gathered, a detour over an idle mesh axis. Each rule was measured on
+operand gathered and the dot run in the result's layout, or the operands resharded to a result
+split more ways, sums split differently in the two operands, a whole partner gathered, a detour
+over an idle mesh axis (or a sum moved onto it), a depthwise kernel gradient run over all its
+channels. Each rule was measured on
 small functions compiled by XLA (``tests/automap/cost/test_against_xla.py``);
 :func:`as_xla_contracts` applies them in turn for :mod:`automap.analysis`.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from automap.factors import Axes
+from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op
 
 CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
@@ -25,9 +27,13 @@ def as_xla_contracts(op: Op, state, fax: dict[int, Axes], templates: Templates,
     convolution as XLA's partitioner runs it, from the solution's ``fax`` and its reshards
     ``templates`` (``templates_of`` recomputes them for other factor axes)."""
     if op.primitive == "conv_general_dilated":
+        grouped = _batch_groups_kept_whole(op, state, fax, templates_of)
+        if grouped is not None:  # measured: no detour over an idle axis then
+            return (*grouped, 1)
         templates, detour = _idle_axis_detours(op, state, fax, templates)
         return fax, templates, detour
     fax, templates = _result_layout_first(op, state, fax, templates, templates_of)
+    fax, templates = _free_dims_in_result_layout(op, state, fax, templates, templates_of)
     fax, templates = _mismatched_sums_in_result_layout(op, state, fax, templates, templates_of)
     gathered = _whole_partner_gathers(op, state, fax, templates_of)
     if gathered is not None:  # measured: no detour over an idle axis then
@@ -46,6 +52,31 @@ def _result_layout_first(op: Op, state, fax: dict[int, Axes], templates: Templat
     if not gathered:
         return fax, templates
     alt = {f: kept for f, axes in fax.items() if (kept := tuple(a for a in axes if a not in gathered))}
+    return alt, templates_of(op, state, alt)
+
+
+def _free_dims_in_result_layout(op: Op, state, fax: dict[int, Axes], templates: Templates,
+                                templates_of: TemplatesOf) -> tuple[dict, Templates]:
+    """(factor axes, templates) of a contraction whose sum no operand splits, its result split on
+    axes the factor solution leaves off its dims (an operand split otherwise on a free dim
+    disagreed): XLA's dot partitioner runs the dot in the result's layout, the operands resharded
+    to it, rather than computing a less split result and slicing it. Measured on jax 0.10.2, mesh
+    2x4, ``bsi,bso->io`` (a dense layer's weight gradient, FSDP's input and cotangent both split
+    on their features over 'data', the gradient on (model, data) or (data, model)): the dot split
+    8 ways, one operand moved by a collective-permute; the estimate split it 2 ways (a ViT's
+    weight gradients under FSDP: 1.43x XLA's dot FLOPs). Where the solution's layout is not a
+    part of the result's (an axis on another factor), or the dot sums partial results, as before."""
+    if op.primitive != "dot_general" or len(op.linked_outputs) != 1:
+        return fax, templates
+    rule, sizes = op.rule, state.axes
+    if any(fax.get(f) for f in rule.reduction_factors):
+        return fax, templates
+    alt: dict[int, Axes] = {}
+    for axes, fs in zip(state.spec(op.linked_outputs[0]), rule.results[0], strict=True):
+        if axes and fs:
+            alt.update(split_dim(axes, fs, rule, sizes))
+    if math.prod(sizes[a] for axes in alt.values() for a in axes) <= math.prod(sizes[a] for axes in fax.values() for a in axes):
+        return fax, templates
     return alt, templates_of(op, state, alt)
 
 
@@ -143,6 +174,35 @@ def _whole_partner_gathers(op: Op, state, fax: dict[int, Axes], templates_of: Te
     return alt, templates_of(op, state, alt)
 
 
+def _batch_groups_kept_whole(op: Op, state, fax: dict[int, Axes], templates_of: TemplatesOf) -> tuple[dict, Templates] | None:
+    """(factor axes, templates) of a batch-grouped convolution (a depthwise conv's kernel
+    gradient) whose lhs keeps its groups (the channels) whole and whose solution splits the sum
+    (the examples), as XLA's partitioner runs it: over every group whatever the result's layout,
+    the sum split as the solution splits it, the partial result reduced over every mesh axis (the
+    ones the examples leave idle too): reduce-scattered where the result splits its groups over
+    all of them in mesh order, else all-reduced whole (then sliced). Measured on jax 0.10.2, mesh
+    2x4, a 7x7 kernel gradient over 32 channels, the examples on 'data' or ('data', 'model'), the
+    result whole or on 'data', 'model' or ('data', 'model'): 8 layouts, the FLOPs and collectives
+    exact (the estimate split the channels as the result does and summed over 'data' alone: a
+    held-out nnx ConvNeXt's fsdp_tp plan 0.59x XLA's dot FLOPs). None where it does not apply."""
+    numbers = op.params.get("dimension_numbers")
+    rule, sizes = op.rule, state.axes
+    if op.params.get("batch_group_count", 1) == 1 or numbers is None or len(op.linked_outputs) != 1 or not rule.operands:
+        return None
+    lhs_batch = numbers[0][0]
+    if not rule.operands[0][lhs_batch] or state.spec(op.linked_inputs[0])[lhs_batch]:
+        return None  # no group factor, or the lhs splits its groups
+    alt = {f: axes for f, axes in fax.items() if f in rule.reduction_factors and axes}
+    if not alt:
+        return None  # the sum whole: not measured
+    every = tuple(a for a, n in sizes.items() if n > 1)
+    out = op.linked_outputs[0]
+    held = tuple(a for axes in state.spec(out) for a in axes)
+    kind = "reduce-scatter" if held == every else "all-reduce"
+    operands = tuple(t for t in templates_of(op, state, alt) if t[4] == "operand")
+    return alt, operands + ((len(op.linked_inputs), kind, every, state.program.values[out].nbytes, "result"),)
+
+
 def _idle_axis_detours(op: Op, state, fax: dict[int, Axes], templates: Templates) -> tuple[Templates, int]:
     """(templates, how many more ways the op's work is split) as XLA's dot partitioner (jax 0.10.2)
     runs a contraction that leaves a mesh axis idle (no factor, operand or result of it on the
@@ -155,8 +215,13 @@ def _idle_axis_detours(op: Op, state, fax: dict[int, Axes], templates: Templates
     2x2, batched and plain, FSDP's weight gathers and gradient scatters with 'model' idle), and on
     convolutions, which XLA partitions as dots (a kernel gathered for the forward conv, its
     gradient scattered, mesh 2x4: the resnet's fsdp_tp plan); an idle axis smaller than the group
-    leaves the plain collective. Other contractions (a ragged dot is a masked dense dot on CPU)
-    are left as they are: not measured."""
+    leaves the plain collective. An operand gathered along a summed dim whose result is small
+    (its all-reduce sends fewer bytes than the gather: ``2 R < S``) is instead permuted so that the
+    idle axis splits the sum, and the partial results all-reduced over it, the work split m more
+    ways (measured: a conv whose kernel is split on its input features with a 2 KiB result, an
+    ``x @ w`` with ``w`` split on its rows and a 1 KiB result; with a 64 KiB result XLA gathers the
+    9 KiB kernel; where between R and 2R XLA switches is not measured). Other contractions (a
+    ragged dot is a masked dense dot on CPU) are left as they are: not measured."""
     if not templates or op.primitive not in ("dot_general", "conv_general_dilated"):  # measured on these alone
         return templates, 1
     sizes = state.axes
@@ -173,10 +238,29 @@ def _idle_axis_detours(op: Op, state, fax: dict[int, Axes], templates: Templates
             out.append((pos, kind, axes, nbytes, where))
             continue
         both = tuple(a for a in sizes if a in axes or a == spare)
-        if kind == "all-gather":
-            out += [(pos, "collective-permute", both, nbytes // sizes[spare], where),
+        m = sizes[spare]
+        partial = _summed_partial_bytes(op, state, fax, pos, axes) if kind == "all-gather" else None
+        if partial is not None and 2 * partial < nbytes:  # partial results over the idle axis send less
+            out += [(pos, "collective-permute", both, nbytes // m, where),
+                    (len(op.linked_inputs), "all-reduce", (spare,), partial, "result")]
+            split *= m
+        elif kind == "all-gather":
+            out += [(pos, "collective-permute", both, nbytes // m, where),
                     (pos, "all-gather", (spare,), nbytes, where)]
         else:
             out += [(pos, "all-reduce", axes, nbytes // n, where), (pos, "collective-permute", both, nbytes // n, where)]
             split *= n
     return tuple(out), split
+
+
+def _summed_partial_bytes(op: Op, state, fax: dict[int, Axes], pos: int, axes: Axes) -> int | None:
+    """Bytes per device of the op's (first) result in its layout, where its operand ``pos`` is
+    gathered over ``axes`` along a dim the op sums over (else None)."""
+    rule, sizes = op.rule, state.axes
+    summed = set(rule.reduction_factors)
+    spec, dims = state.spec(op.linked_inputs[pos]), rule.operands[pos]
+    if not op.linked_outputs or not any(set(a) & set(axes) and fs and set(fs) <= summed
+                                        for a, fs in zip(spec, dims, strict=True)):
+        return None
+    implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in rule.results[0])
+    return state.program.values[op.linked_outputs[0]].nbytes // math.prod(sizes[a] for axes in implied for a in axes)

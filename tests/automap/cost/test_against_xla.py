@@ -305,9 +305,9 @@ def test_a_depthwise_kernel_gradient_is_partitioned_as_xla_partitions_it(axes, s
     by its factor rule: the estimate gathered both activations. XLA partitions it as a contraction
     over the examples, parallel in the channels (examples split: the small kernel all-reduced;
     channels split: nothing sent), and XLA:CPU expands it over the local channels: its FLOPs grow
-    with their square (12.8e6 compiled for 401,408 of arithmetic on one device). (Left out: the
-    examples on data of a 2x4 mesh, model unused: XLA all-reduces the partial kernel over all 8
-    devices, 1,008 B on the wire where the estimate sends 576 over data.)"""
+    with their square (12.8e6 compiled for 401,408 of arithmetic on one device). (The examples on
+    data of a 2x4 mesh, model unused: XLA all-reduces the partial kernel over all 8 devices, as
+    the next test has it.)"""
     x, fn, prog = _depthwise_kernel_gradient()
     (xv,), (out,) = prog.inputs, prog.outputs
     actions = [Action(xv, d, a) for d, entry in enumerate(spec) for a in ((entry,) if isinstance(entry, str) else
@@ -323,6 +323,35 @@ def test_a_depthwise_kernel_gradient_is_partitioned_as_xla_partitions_it(axes, s
     # the dense expansion: its two copies per local group (0.79-1.05x XLA's, without them 0.13-0.62x; the transposed
     # copies of the operands are left out)
     assert abs(est.peak_memory_bytes / xla.memory_per_device - 1) < 0.25
+
+
+def _kernel_gradient_32(x, dy):  # a 7x7 depthwise conv's kernel gradient over 32 channels (ConvNeXt's)
+    return jax.lax.conv_general_dilated(x, dy, (1, 1), ((3, 3), (3, 3)), dimension_numbers=_KERNEL_GRAD,
+                                        batch_group_count=32)
+
+
+@pytest.mark.parametrize("x_spec, out_spec, want", [
+    (P("data"), P(None, None, None, "data"), ("all-reduce", 6422528)),
+    (P("data"), P(None, None, None, "model"), ("all-reduce", 6422528)),
+    (P(D_M), P(None, None, None, "data"), ("all-reduce", 1605632)),
+    (P("data"), P(None, None, None, D_M), ("reduce-scatter", 6422528)),
+])
+def test_a_kernel_gradient_whose_input_keeps_its_channels_whole_runs_over_all_of_them(x_spec, out_spec, want):
+    """The examples split, the channels whole in the input: XLA runs the kernel gradient over all
+    32 channels whatever the gradient's layout (the dense expansion whole: 6.4e6 FLOPs with the
+    examples on 'data'), and reduces the partial kernel over all 8 devices, 'model' included
+    though the examples leave it idle: reduce-scattered where the gradient is split over
+    ('data', 'model'), else all-reduced whole. The estimate split the channels as the gradient
+    does and summed over 'data' alone, or detoured over 'model' (a held-out nnx ConvNeXt's
+    fsdp_tp plan: 0.59x XLA's dot FLOPs)."""
+    args = [jnp.ones((8, 4, 4, 32))] * 2
+    state, xla = _laid_out_as_xla_lays_it_out(_kernel_gradient_32, args, [x_spec, x_spec, out_spec])
+    kind, flops = want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == [(kind, D_M, 6272)]
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == [(kind, D_M, 6272)]
+    est = estimate(state)
+    assert est.dot_flops == xla.dot_flops == flops
+    assert est.wire_bytes == xla.wire_bytes
 
 
 def test_a_kernel_gradient_stored_split_is_expanded_whole_before_its_reduce_scatter():
@@ -426,12 +455,23 @@ def test_xla_cpu_runs_a_ragged_dot_on_a_masked_copy_per_group():
     ("gradient scattered", _weight_step, [(8, 16, 16, 16), (8, 16, 16, 16), (3, 3, 16, 16)],
      [P("data"), P("data"), P(None, None, None, "data"), P(None, None, None, "data")],
      [("all-reduce", ("data",), 4608), ("collective-permute", D_M, 4608)]),
+    # a kernel split on its input features (summed), a 2 KiB result: the sum split over model,
+    # the 2 KiB partial results all-reduced over it rather than the 18 KiB kernel gathered
+    ("summed dim, small result", _conv, [(8, 4, 4, 64), (3, 3, 64, 8)], [P("data"), P(None, None, "data"), P("data")],
+     [("all-reduce", ("model",), 2048), ("collective-permute", D_M, 4608)]),
+    # a 64 KiB result: the 9 KiB kernel gathered
+    ("summed dim, large result", _conv, [(8, 16, 16, 16), (3, 3, 16, 16)], [P("data"), P(None, None, "data"), P("data")],
+     [("all-gather", ("model",), 9216), ("collective-permute", D_M, 2304)]),
+    # a dot does the same: w split on its rows, a 1 KiB result
+    ("dot, summed dim, small result", lambda x, w: x @ w, [(8, 256), (256, 64)], [P("data"), P("data"), P("data")],
+     [("all-reduce", ("model",), 1024), ("collective-permute", D_M, 16384)]),
 ])
 def test_a_convolution_leaving_a_mesh_axis_idle_is_split_over_it_too(name, fn, shapes, specs, want):
     """XLA partitions a convolution as a dot: one that leaves a mesh axis idle splits over it and
     moves the pieces with a collective-permute (twice the plain collective's bytes, the weight
-    gradient's FLOPs halved). The estimate had the plain gather and scatter: the resnet's fsdp_tp
-    plan 0.56x XLA's bytes sent and 1.56x its conv FLOPs."""
+    gradient's FLOPs halved); an operand gathered along a summed dim whose result is small is
+    summed over the idle axis instead (the work split 4 more ways). The estimate had the plain
+    gather and scatter: the resnet's fsdp_tp plan 0.56x XLA's bytes sent and 1.56x its conv FLOPs."""
     state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs)
     assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
     assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
@@ -633,3 +673,18 @@ def test_a_mesh_axis_the_result_leaves_free_splits_the_sum_as_an_operand_splits_
     assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == [
         ("all-reduce", ("model",), 2048), ("collective-permute", D_M, 1024)]
     assert estimate(state).dot_flops == xla.dot_flops == 8192
+
+
+@pytest.mark.parametrize("out_spec, moved", [(P("model", "data"), 8192), (P("data", "model"), 16384)])
+def test_a_contraction_summing_over_whole_dims_runs_split_as_its_result(out_spec, moved):
+    """A dense layer's weight gradient under FSDP: the input's and the cotangent's features both
+    on 'data', the gradient on (model, data) or (data, model). No operand splits the sum: XLA
+    runs the dot in the result's layout, split 8 ways, one operand moved into it by a permute.
+    The estimate ran it 2 ways and sliced the result (a ViT's weight gradients: the held-out nnx
+    ViT's FSDP plan 1.43x XLA's dot FLOPs). Its reshard is priced as a gather (twice the permute)."""
+    fn = lambda x, dy: jnp.einsum("bsi,bso->io", x, dy)  # noqa: E731
+    specs = [P(None, None, "data"), P(None, None, "data"), out_spec]
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones((8, 16, 64)), jnp.ones((8, 16, 128))], specs)
+    assert [(op.kind, op.bytes) for op in xla.ops] == [("collective-permute", moved)]
+    assert estimate(state).dot_flops == xla.dot_flops == 2 * 8 * 16 * 64 * 128 // 8
+    assert estimate(state).wire_bytes == 2 * xla.wire_bytes
