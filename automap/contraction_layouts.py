@@ -85,19 +85,23 @@ def _mismatched_sums_in_result_layout(op: Op, state, fax: dict[int, Axes], templ
     """(factor axes, templates) of a contraction whose two operands both split the dims it sums
     over, no summed dim on the same axes in both (one 8 ways over ('data', 'model'), the other 2
     ways over 'data'), its result split: XLA's dot partitioner finds no partial sum both operands
-    share and runs the dot in the result's layout, the operand split more ways along the sum
-    gathered whole (then sliced), the other resharded to the result's free dims, rather than
-    summing partial results and resharding the result. Measured on jax 0.10.2, mesh 2x4,
-    ``bi,bj->ij`` (the weight gradient of a dense layer whose input and cotangent FSDP left split
-    differently): the result (model, data) with the input on its batch (data) or its batch and
-    features (model, data) or (data, model), the batch 8 or 512 (operands 10x the result:
-    resharded all the same). A mesh axis the result leaves free splits the sum as an operand splits
-    it (an attention input projection, its weight (features on 'data', inputs on 'model'), the
-    activation's inputs on 'data', the result's features on 'data': summed over 'model', the
-    activation resharded to it). Where one summed dim is split alike in both (a ViT's attention
-    output projection, the heads on 'model' in both, the head dim on 'data' in one), XLA sums
-    partial results over it as before; a replicated result too (XLA gathers the operand split
-    more ways down to the other's split)."""
+    share and runs the dot in the result's layout, each operand resharded to the result's splits
+    of its free dims: moved there by an all-to-all where all its axes move, else, split along the
+    sum alone, gathered whole (then sliced), rather than summing partial results and resharding
+    the result. Measured on jax 0.10.2, mesh 2x4, ``bi,bj->ij`` (the weight gradient of a dense
+    layer whose input and cotangent FSDP left split differently): the result (model, data) with
+    the input on its batch (data) or its batch and features (model, data) or (data, model), the
+    batch 8 or 512 (operands 10x the result: resharded all the same); ``bsk,bsn->kn`` with the
+    sequence of one and the batch of the other 8 ways, the result on ``k``: ``bsk`` moved, ``bsn``
+    gathered, the one twice the other's size or half of it (an MLP-Mixer's weight gradients under
+    FSDP). The same where one operand alone splits the sum and the other only free dims the
+    result leaves whole (:func:`_sum_moves_to_the_result`). A mesh axis the result leaves free
+    splits the sum as an operand splits it (an attention input projection, its weight (features
+    on 'data', inputs on 'model'), the activation's inputs on 'data', the result's features on
+    'data': summed over 'model', the activation resharded to it). Where one summed dim is split
+    alike in both (a ViT's attention output projection, the heads on 'model' in both, the head
+    dim on 'data' in one), XLA sums partial results over it as before; a replicated result too
+    (XLA gathers the operand split more ways down to the other's split)."""
     rule = op.rule
     summed = set(rule.reduction_factors)
     if not summed or len(op.linked_inputs) != 2 or len(op.linked_outputs) != 1:
@@ -114,7 +118,11 @@ def _mismatched_sums_in_result_layout(op: Op, state, fax: dict[int, Axes], templ
 
     split = [summed_axes(0), summed_axes(1)]
     result = state.spec(op.linked_outputs[0])
-    if not (split[0] and split[1]) or not any(result) or any(split[0].get(f) == axes for f, axes in split[1].items()):
+    if split[0] is None or split[1] is None or not any(result):
+        return fax, templates
+    if any(split[0].get(f) == axes for f, axes in split[1].items()):
+        return fax, templates  # a partial sum both operands share: XLA sums over it
+    if not (split[0] and split[1]) and not _sum_moves_to_the_result(op, state, split, result):
         return fax, templates
     alt: dict[int, Axes] = {}
     for axes, fs in zip(result, rule.results[0], strict=True):
@@ -128,14 +136,44 @@ def _mismatched_sums_in_result_layout(op: Op, state, fax: dict[int, Axes], templ
         if best := max(kept, key=len):
             alt[f] = best
             used.update(best)
-    sizes = state.axes
-    more = max((0, 1), key=lambda pos: math.prod(sizes[a] for axes in split[pos].values() for a in axes))
-    vid = op.linked_inputs[more]
-    held = {a for axes in state.spec(vid) for a in axes}
-    if held == {a for axes in split[more].values() for a in axes} and not summed & set(alt):  # gathered whole
-        whole = (more, "all-gather", tuple(a for a in sizes if a in held), state.program.values[vid].nbytes, "operand")
-        return alt, (whole,) + tuple(t for t in templates_of(op, state, alt) if t[0] != more)
-    return alt, templates_of(op, state, alt)
+    templates = templates_of(op, state, alt)
+    if summed & set(alt):
+        return alt, templates
+    out = list(templates)
+    for pos, vid in enumerate(op.linked_inputs):  # split along the sum alone and not moved whole: gathered whole
+        held = {a for axes in state.spec(vid) for a in axes}
+        mine = {t[1] for t in templates if t[0] == pos}
+        if held == {a for axes in split[pos].values() for a in axes} and mine == {"all-gather", "all-to-all"}:
+            whole = (pos, "all-gather", tuple(a for a in state.axes if a in held), state.program.values[vid].nbytes, "operand")
+            out = [t for t in out if t[0] != pos] + [whole]
+    return alt, tuple(out)
+
+
+def _sum_moves_to_the_result(op: Op, state, split: list[dict[int, Axes]], result) -> bool:
+    """Whether one operand splits the sum alone, on the axes the result splits the operand's free
+    dims on, and the other splits only free dims the result leaves whole (``bsk,bsn->kn``, the
+    batch of ``bsn`` and the features of ``bsk`` over ('data', 'model'), the result's ``n`` over
+    them): no split the operands or the result share, so XLA's dot partitioner, as its last
+    resort, runs the dot in the result's layout: that operand's axes moved to its free dims (an
+    all-to-all), the other gathered whole, whatever their sizes (measured on jax 0.10.2, mesh 2x4,
+    the gathered operand half and twice the other's size; ``bsk,bsn->bkn`` with ``bsk`` split on
+    its batch over ('data', 'model') or 'data' alone: gathered whole all the same)."""
+    rule = op.rule
+    summed = set(rule.reduction_factors)
+    moved = [pos for pos in (0, 1) if split[pos]]
+    if len(moved) != 1:
+        return False
+    pos = moved[0]
+    held = [{a for axes in state.spec(v) for a in axes} for v in op.linked_inputs]
+    if held[pos] != {a for axes in split[pos].values() for a in axes}:
+        return False
+    free = [{f for fs in dims for f in fs} - summed for dims in rule.operands]
+    result_split = {f for axes, fs in zip(result, rule.results[0], strict=True) if axes for f in fs}
+    if not result_split <= free[pos] - free[1 - pos] or {a for axes in result for a in axes} != held[pos]:
+        return False
+    other = op.linked_inputs[1 - pos]
+    return bool(held[1 - pos]) and all(not axes or set(fs) <= free[1 - pos] - result_split
+                                      for axes, fs in zip(state.spec(other), rule.operands[1 - pos], strict=True))
 
 
 def _whole_partner_gathers(op: Op, state, fax: dict[int, Axes], templates_of: TemplatesOf) -> tuple[dict, Templates] | None:
