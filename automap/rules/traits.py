@@ -125,6 +125,9 @@ class Traits:
     # (platform, factor(rule, **params)) where that platform's FLOPs grow with the square of one factor of the op's
     # rule (an expansion over its groups): per device they divide by the factor's split twice (None: no such factor)
     platform_quadratic: tuple[tuple[str, Callable[..., int | None]], ...] = ()
+    # XLA's SPMD partitioner runs the op on whole operands (gathered) and slices its results to
+    # their shardings: the rule's factors then say only how shardings propagate through it
+    runs_whole: bool = False
 
     def quadratic_on(self, platform: str | None) -> Callable[..., int | None] | None:
         """The ``platform_quadratic`` factor function of ``platform`` (None: the FLOPs are linear in every
