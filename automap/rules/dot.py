@@ -63,7 +63,12 @@ def _dot_terms(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any, rhs_skip: t
     return lterm, rterm, batch + lfree + rfree
 
 
-@register("dot_general", traits=contraction(_dot_contracted))
+# XLA:CPU has no bf16 GEMM or convolution kernel: it computes them in f32 and converts the result
+# after, so a split contraction's partial sums are all-reduced in f32 (twice the bytes)
+CPU_BF16_IN_F32 = (("cpu", "bfloat16", "float32"),)
+
+
+@register("dot_general", traits=contraction(_dot_contracted, platform_upcast=CPU_BF16_IN_F32))
 def _dot_general(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
     lhs, rhs = ctx.operands
     lterm, rterm, out = _dot_terms(lhs.ndim, rhs.ndim, dimension_numbers)
@@ -216,7 +221,7 @@ def _batch_groups_factor(rule: FactorRule, *, batch_group_count: int = 1, dimens
 
 @register("conv_general_dilated", traits=contraction(
     _conv_contracted, kind="convolution", flops=_conv_flops, platform_flops=(("cpu", _batch_grouped_cpu_flops),),
-    platform_quadratic=(("cpu", _batch_groups_factor),)))
+    platform_quadratic=(("cpu", _batch_groups_factor),), platform_upcast=CPU_BF16_IN_F32))
 def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int = 1,
           batch_group_count: int = 1, **_: Any) -> FactorRule:
     """Batch and output features parallel, input features a reduction, spatial dims whole.
