@@ -675,3 +675,22 @@ def test_a_bf16_contractions_partial_sums_move_in_f32_on_cpu(name, fn, shapes, s
     est = estimate(state)
     assert [c.kind for c in est.collectives] == [op.kind for op in xla.ops]
     assert est.wire_bytes == xla.wire_bytes
+
+
+def _routed(x, w, v):  # a top-2 router's gates mixing expert rows
+    top, picked = jax.lax.top_k(x @ w, 2)
+    gates = jnp.sum(jax.nn.softmax(top)[..., None] * jax.nn.one_hot(picked, 4), 1)
+    return gates @ v
+
+
+def test_a_top_k_runs_whole_while_its_row_sharding_propagates_through_it():
+    """XLA's partitioner gathers top_k's operand even when only its rows are sharded, then slices
+    the picks back to the rows' split: the tokens stay on 'data' after the router (the logits
+    gathered, the gates' dot split: 12,288 dot FLOPs a device, as XLA's). A replicated rule ran
+    everything after it whole (20,480; and data_parallel found no batch dim past a top-k router).
+    (Not modelled: XLA's gather of the result at the unsplit output, 8,192 B.)"""
+    args = [jnp.ones((64, 16)), jnp.ones((16, 4)), jnp.ones((4, 32))]
+    state, xla = _propagated_as_planned(_routed, args, [P("data"), P(), P(), P()])
+    assert ("all-gather", ("data",), 1024) in [(r.kind, r.axes, r.bytes) for r in reshards(state)]
+    assert ("all-gather", ("data",), 1024) in [(op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops]
+    assert estimate(state).dot_flops == xla.dot_flops == 12288
