@@ -95,9 +95,10 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
     got = sol.analysis
     if got is None:
         sizes = state.axes
-        fax = _expressible(op, sol.fax, sizes)
+        whole = traits_of(op.primitive).runs_whole  # its operands gathered, its results sliced
+        fax = {} if whole else _expressible(op, sol.fax, sizes)
         templates = _templates(op, state, fax)
-        if templates and op.linked_outputs and _reshards_smallest(op):
+        if templates and op.linked_outputs and not whole and _reshards_smallest(op):
             for alt in _alternatives(op, state):
                 alt = _expressible(op, alt, sizes)
                 if alt != fax:

@@ -238,9 +238,13 @@ def _collective(r: Reshard, program: Program, axes: Mapping[str, int], topology:
     if r.reused or math.prod(axes[a] for a in r.axes) == 1:
         return None
     op = _ops_by_id(program)[r.op]
-    t = collective_time(r.kind, r.bytes, r.axes, axes, topology) * r.count
-    sent = wire_bytes(r.kind, r.bytes * r.count, r.group or group_size(r.axes, axes))
-    return Collective(r.kind, r.axes, r.bytes, r.count, r.op, r.value, op.primitive, op.name, t, wire_bytes=sent)
+    nbytes = r.bytes
+    if r.where == "result" and r.kind in ("all-reduce", "reduce-scatter"):  # partial sums, in the op's own dtype
+        dtype = program.values[r.value].dtype
+        nbytes = nbytes * traits_of(op.primitive).partial_itemsize_on(topology.platform, dtype) // dtype.itemsize
+    t = collective_time(r.kind, nbytes, r.axes, axes, topology) * r.count
+    sent = wire_bytes(r.kind, nbytes * r.count, r.group or group_size(r.axes, axes))
+    return Collective(r.kind, r.axes, nbytes, r.count, r.op, r.value, op.primitive, op.name, t, wire_bytes=sent)
 
 
 def _combined(program: Program, kept: list[Reshard], collectives: list[Collective], axes: Mapping[str, int],

@@ -21,12 +21,18 @@ def _arg_reduce(ctx: RuleContext, *, axes: tuple[int, ...], **_: Any) -> FactorR
     return einsum(ctx, f"{term}->{kept}", blocked="".join(term[i] for i in axes))
 
 
-@register("top_k", traits=Traits(output_elements, "kernel", "kernel"))
-def _top_k(ctx: RuleContext, **_: Any) -> FactorRule:
-    """Whole. Its rows are independent, but XLA's SPMD partitioner does not partition
-    ``chlo.top_k`` (it gathers the operand even when only the other dims are sharded); a
-    replicated rule makes the plan price the gather XLA really does."""
-    return replicated(ctx)
+@register("top_k", traits=Traits(output_elements, "kernel", "kernel", runs_whole=True))
+def _top_k(ctx: RuleContext, **params: Any) -> FactorRule:
+    """Rows shared, the searched dim (``axis``, the last by default) and the k picks whole. Shardings propagate through the
+    rows, but XLA's SPMD partitioner does not partition ``chlo.top_k``: it gathers the operand
+    even when only the rows are sharded and slices the results back (``runs_whole`` prices
+    that). A replicated rule stopped the batch there: data_parallel found no batch dim in a
+    top-k routed MoE LM (its tokens' flow ended blocked at the router) and left it whole."""
+    rank = ctx.operands[0].ndim
+    axis = params.get("axis", -1) % rank
+    rows = letters(rank - 1, skip="yz")
+    operand, result = rows[:axis] + "y" + rows[axis:], rows[:axis] + "z" + rows[axis:]
+    return einsum(ctx, f"{operand}->" + ",".join(result for _ in ctx.results), blocked="yz")
 
 
 @register("approx_top_k", traits=ELEMENTWISE)  # costed as elementwise work

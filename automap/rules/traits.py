@@ -40,6 +40,8 @@ import math
 import typing
 from typing import Any, Callable, Literal, Sequence
 
+import numpy as np
+
 FlopsFn = Callable[..., int]  # flops(ctx: RuleContext, **params) -> FLOPs of one execution
 BytesFn = Callable[..., int]  # workspace(ctx: RuleContext, **params) -> bytes (global shapes)
 DimsFn = Callable[..., tuple[tuple[int, ...], ...]]  # dims(ctx, **params) -> contracted dims of each operand
@@ -125,6 +127,27 @@ class Traits:
     # (platform, factor(rule, **params)) where that platform's FLOPs grow with the square of one factor of the op's
     # rule (an expansion over its groups): per device they divide by the factor's split twice (None: no such factor)
     platform_quadratic: tuple[tuple[str, Callable[..., int | None]], ...] = ()
+    # XLA's SPMD partitioner runs the op on whole operands (gathered) and slices its results to
+    # their shardings: the rule's factors then say only how shardings propagate through it
+    runs_whole: bool = False
+    # (platform, dtype, wider): that platform computes the op in ``wider`` where its result is
+    # ``dtype`` (XLA:CPU upcasts bf16 contractions), so a partial result's sum moves ``wider``
+    platform_upcast: tuple[tuple[str, str, str], ...] = ()
+
+    def partial_itemsize_on(self, platform: str | None, dtype: Any) -> int:
+        """Bytes per element of the op's partial results (summed across devices) on ``platform``.
+
+        >>> import jax.numpy as jnp
+        >>> from automap.rules import traits_of
+        >>> t = traits_of("dot_general")
+        >>> t.partial_itemsize_on("cpu", jnp.bfloat16), t.partial_itemsize_on("gpu", jnp.bfloat16)
+        (4, 2)
+        """
+        dtype = np.dtype(dtype)
+        for name, narrow, wider in self.platform_upcast:
+            if name == platform and dtype.name == narrow:
+                return np.dtype(wider).itemsize
+        return dtype.itemsize
 
     def quadratic_on(self, platform: str | None) -> Callable[..., int | None] | None:
         """The ``platform_quadratic`` factor function of ``platform`` (None: the FLOPs are linear in every
@@ -244,7 +267,8 @@ from and its result written to memory, one FLOP per result element, not pinned."
 
 def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsFn | None = None,
                 platform_flops: tuple[tuple[str, FlopsFn], ...] = (),
-                platform_quadratic: tuple[tuple[str, Callable[..., int | None]], ...] = ()) -> Traits:
+                platform_quadratic: tuple[tuple[str, Callable[..., int | None]], ...] = (),
+                platform_upcast: tuple[tuple[str, str, str], ...] = ()) -> Traits:
     """Traits of a contraction summing over ``dims(ctx, **params)`` of each operand: its own
     kernel, results pinned by emission, FLOPs ``2 * |result| * |contraction|`` unless given
     (``platform_flops``: what some platforms compile instead, :meth:`Traits.flops_on`).
@@ -257,7 +281,8 @@ def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsF
     """
     shape = Contraction(dims, kind)
     return Traits(flops or shape.flops, "kernel", "kernel", emit="pin", contraction=shape,
-                  platform_flops=tuple(platform_flops), platform_quadratic=tuple(platform_quadratic))
+                  platform_flops=tuple(platform_flops), platform_quadratic=tuple(platform_quadratic),
+                  platform_upcast=tuple(platform_upcast))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -727,3 +727,64 @@ def test_a_contraction_summing_over_whole_dims_runs_split_as_its_result(out_spec
     assert [(op.kind, op.bytes) for op in xla.ops] == [("collective-permute", moved)]
     assert estimate(state).dot_flops == xla.dot_flops == 2 * 8 * 16 * 64 * 128 // 8
     assert estimate(state).wire_bytes == 2 * xla.wire_bytes
+
+
+def _spectral_weight_grad(x, w):  # a Fourier neural operator's spectral conv, its weight gradient
+    def layer(w):
+        xf = jnp.fft.rfft2(x, axes=(1, 2))[:, :2, :2]
+        return jnp.fft.irfft2(jnp.einsum("bxyi,xyio->bxyo", xf, w), s=x.shape[1:3], axes=(1, 2))
+    return jax.grad(lambda w: jnp.sum(layer(w) ** 2))(w)
+
+
+@pytest.mark.parametrize("layout", [_propagated_as_planned, _laid_out_as_xla_lays_it_out])
+def test_an_fft_runs_whole_while_its_batch_sharding_propagates_through_it(layout):
+    """XLA's partitioner gathers an FFT's operand even when only its batch dims are sharded, and
+    slices the whole transform back to the batch split its consumers run in: the examples on
+    'data', every FFT's operand (forward rfft2, irfft2, the backward's) gathered and the spectral
+    einsum's weight gradient all-reduced. A replicated rule stopped the split at the first FFT:
+    one gather estimated, the einsum run whole (4,096 B sent estimated of 13,824, 2x the dot
+    FLOPs)."""
+    args = [jnp.ones((8, 8, 8, 4)), jnp.ones((2, 2, 4, 4), jnp.complex64)]
+    state, xla = layout(_spectral_weight_grad, args, [P("data"), P(), P()])
+    want = [("all-gather", ("data",), 8192)] * 2 + [("all-gather", ("data",), 10240), ("all-reduce", ("data",), 512)]
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    est = estimate(state)
+    assert est.wire_bytes == xla.wire_bytes == 13824 and est.dot_flops == xla.dot_flops == 1024
+
+
+def _bf16_conv(x, k):
+    return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+@pytest.mark.parametrize("name, fn, shapes, specs", [
+    ("dot, all-reduced", jnp.matmul, [(16, 64), (64, 32)], [P(None, "model"), P("model"), P()]),
+    ("conv, all-reduced", _bf16_conv, [(8, 6, 6, 8), (3, 3, 8, 16)], [P(None, None, None, "model"), P(None, None, "model"), P()]),
+])
+def test_a_bf16_contractions_partial_sums_move_in_f32_on_cpu(name, fn, shapes, specs):
+    """XLA:CPU has no bf16 GEMM or convolution: it computes them in f32 and converts after, so a
+    contraction split on its summed dim reduces f32 partial sums, twice the bytes of its bf16
+    result (a bf16 RoPE/MoE LM: every plan's bytes sent 0.46-0.75x XLA's)."""
+    state, xla = _propagated_as_planned(fn, [jnp.ones(s, jnp.bfloat16) for s in shapes], specs)
+    est = estimate(state)
+    assert [c.kind for c in est.collectives] == [op.kind for op in xla.ops]
+    assert est.wire_bytes == xla.wire_bytes
+
+
+def _routed(x, w, v):  # a top-2 router's gates mixing expert rows
+    top, picked = jax.lax.top_k(x @ w, 2)
+    gates = jnp.sum(jax.nn.softmax(top)[..., None] * jax.nn.one_hot(picked, 4), 1)
+    return gates @ v
+
+
+def test_a_top_k_runs_whole_while_its_row_sharding_propagates_through_it():
+    """XLA's partitioner gathers top_k's operand even when only its rows are sharded, then slices
+    the picks back to the rows' split: the tokens stay on 'data' after the router (the logits
+    gathered, the gates' dot split: 12,288 dot FLOPs a device, as XLA's). A replicated rule ran
+    everything after it whole (20,480; and data_parallel found no batch dim past a top-k router).
+    (Not modelled: XLA's gather of the result at the unsplit output, 8,192 B.)"""
+    args = [jnp.ones((64, 16)), jnp.ones((16, 4)), jnp.ones((4, 32))]
+    state, xla = _propagated_as_planned(_routed, args, [P("data"), P(), P(), P()])
+    assert ("all-gather", ("data",), 1024) in [(r.kind, r.axes, r.bytes) for r in reshards(state)]
+    assert ("all-gather", ("data",), 1024) in [(op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops]
+    assert estimate(state).dot_flops == xla.dot_flops == 12288

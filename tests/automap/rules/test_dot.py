@@ -85,8 +85,8 @@ ROWS = [
     row("triangular_solve_columns", tri_solve, [(8, 4, 4), (8, 4, 16)], {"b": P("data", None, "model")},
         P("data"), {"all-gather"}, inner={"triangular_solve": P("data")}),
     # XLA gathers an FFT's operand even when only its batch dim is sharded (also under plain
-    # jax.jit with these shardings): the rule keeps it whole so that the plan prices the gather
-    row("fft_rows", jnp.fft.fft, [(16, 32)], {"a": P("data")}, P(), {"all-gather"}),
+    # jax.jit with these shardings), its result sliced back: the op runs whole, the plan prices the gather
+    row("fft_rows", jnp.fft.fft, [(16, 32)], {"a": P("data")}, P("data"), {"all-gather"}),
     row("rfft_then_scale", lambda a, s: jnp.fft.rfft(a) * s, [(16, 32), (16, 1)], {"a": P("data"), "s": P("data")},
         P("data"), {"all-gather"}),
     row("conv_batch", conv, [(8, 6, 6, 4), (3, 3, 4, 16)], {"x": P("data")}, P("data"), set()),

@@ -58,10 +58,10 @@ ROWS = [
     row("sort_multi_operand", lambda k, v: lax.sort((k, v), dimension=1, num_keys=1), [S, S],
         {"k": P("data"), "v": P(None, "model")}, (P("data"), P("data")), {"all-gather"}),
     # XLA's SPMD partitioner does not partition chlo.top_k: it gathers the operand even when only
-    # the independent rows are sharded (also under plain jax.jit), so the rule keeps it whole
-    row("top_k", lambda x: lax.top_k(x, 4), [S], {"x": P("data")}, (P(), P()), {"all-gather"}),
-    row("top_k_axis0", lambda x: lax.top_k(x, 4, axis=0), [S], {"x": P(None, "model")}, (P(), P()),
-        {"all-gather"}),
+    # the independent rows are sharded (also under plain jax.jit), and slices the picks back to the rows' split
+    row("top_k", lambda x: lax.top_k(x, 4), [S], {"x": P("data")}, (P("data"), P("data")), {"all-gather"}),
+    row("top_k_axis0", lambda x: lax.top_k(x, 4, axis=0), [S], {"x": P(None, "model")},
+        (P(None, "model"), P(None, "model")), {"all-gather"}),
     row("approx_max_k", lambda x: lax.approx_max_k(x, 4)[0], [S], {"x": P("data")}, P("data"), set()),
     # a variadic reduction with a user computation: reduced dims stay whole
     row("variadic_reduce_kept", variadic_reduce, [S], {"x": P("data")}, (P("data"), P("data")), set()),
