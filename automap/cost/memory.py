@@ -25,7 +25,7 @@ import math
 from typing import Callable, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
-from automap.cost.xla_cpu import conv_layout_copies, cpu_spans, from_constants, replaces_workspace
+from automap.cost.xla_cpu import constants_as_read, conv_layout_copies, cpu_spans, from_constants, replaces_workspace
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -125,7 +125,8 @@ def temp_peak(
     index = live_ranges.index
     size = _sizer(state)
     first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
-    spans = [(0 if v in first else s, e, size(v)) for v, s, e in live_ranges.values]
+    read_as = constants_as_read(program, ops, size) if cpu and not body else {}
+    spans = [(0 if v in first else s, e, read_as.get(v, size(v))) for v, s, e in live_ranges.values]
     spans.extend((s, e, size(v) * copies) for s, e, v, copies in live_ranges.unfused)
     spans.extend(_reshard_spans(program, ops, index, reshards, body))
     if cpu:
