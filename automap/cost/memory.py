@@ -12,7 +12,9 @@ is its record's ``memory`` trait (:data:`automap.rules.traits.Memory`). A ``scan
 of its body (one iteration) while it runs; its stacked outputs are ordinary values. XLA schedules
 a loop body on its own: its gathers first, its gradient reductions last (:func:`_reshard_spans`).
 On a CPU topology the buffers XLA:CPU's compiler adds are counted too (:mod:`automap.cost.xla_cpu`:
-a reduce-scatter's whole reduced copy, a gather's layout copy, a convolution's transposed operands).
+a reduce-scatter's whole reduced copy, a gather's layout copy, a convolution's transposed operands;
+here: what its reductions do not fuse (:func:`_reduction_operands`), and the random bits' two
+threefry halves).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import math
 from typing import Callable, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
-from automap.cost.xla_cpu import conv_layout_copies, cpu_spans, from_constants, replaces_workspace
+from automap.cost.xla_cpu import constants_as_read, conv_layout_copies, cpu_spans, from_constants, replaces_workspace
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -63,6 +65,45 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
     return keep
 
 
+def _reduction_operands(ops: Sequence[Op], keep: set[int], values: Mapping) -> tuple[set[int], list[tuple[int, int, int]]]:
+    """What XLA:CPU's reductions leave outside their fusion (a library fusion of the
+    elementwise work that feeds them alone): walking up a reduction's fused operands, a value
+    another op reads too is computed into a buffer of its own (the first result, values), and an
+    operand broadcast to more elements (non-scalar: a ``broadcast_in_dim``, or an elementwise op's
+    unit dims) is a buffer of the broadcast size, made where its source is made (XLA schedules it
+    there) and kept until the last reduction that reads it (the second, as (first op, last op,
+    broadcast value))."""
+    readers: collections.Counter[int] = collections.Counter()
+    for op in ops:
+        readers.update(set(op.inputs))
+    made = {v: (i, op) for i, op in enumerate(ops) for v in op.outputs}
+    spreads: collections.Counter[tuple[int, tuple]] = collections.Counter()  # (source, shape) -> ops spreading it
+    for op in ops:
+        if op.outputs and not op.regions:
+            n = math.prod(values[op.outputs[0]].shape)
+            spreads.update({(u, values[op.outputs[0]].shape) for u in op.inputs if 1 < math.prod(values[u].shape) < n})
+    cuts: set[int] = set()
+    spread: dict[tuple[int, tuple], list[int]] = {}  # (source, shape) -> [first, last, broadcast value]
+    for at, op in enumerate(ops):
+        if traits_of(op.primitive).memory != "result" or op.regions:
+            continue
+        stack = list(op.inputs)
+        while stack:
+            v = stack.pop()
+            if v not in made or v in keep or v in cuts:
+                continue
+            if readers[v] > 1:
+                cuts.add(v)
+                continue
+            for u in made[v][1].inputs:
+                if spreads[(u, values[v].shape)] > 1:  # one broadcast (XLA's CSE) that other fusions read
+                    got = spread.setdefault((u, values[v].shape), [made.get(u, (0,))[0], at, v])
+                    got[1] = max(got[1], at)
+                else:
+                    stack.append(u)
+    return cuts, [tuple(s) for s in spread.values()]
+
+
 def temp_peak(
     program: Program, state: ShardingState, ops: Sequence[Op], outputs: Sequence[int],
     reshards: Mapping[int, Sequence[Reshard]] = {}, buffers: Sequence[tuple[int, int]] = (),
@@ -80,11 +121,13 @@ def temp_peak(
     ``body``: ``ops`` are a loop body, which XLA schedules otherwise (:func:`_reshard_spans`);
     ``platform``: what that platform's compiler adds (XLA:CPU: :func:`automap.cost.xla_cpu.cpu_spans`)."""
     cpu = platform == "cpu"
-    live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body)
+    live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu)
     index = live_ranges.index
     size = _sizer(state)
     first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
-    spans = [(0 if v in first else s, e, size(v)) for v, s, e in live_ranges.values]
+    read_as = constants_as_read(program, ops, size) if cpu and not body else {}
+    spans = [(0 if v in first else s, e, read_as.get(v, size(v))) for v, s, e in live_ranges.values]
+    spans.extend((s, e, size(v) * copies) for s, e, v, copies in live_ranges.unfused)
     spans.extend(_reshard_spans(program, ops, index, reshards, body))
     if cpu:
         in_place = () if body else _copied_in_place(program, ops, outputs)
@@ -183,17 +226,27 @@ class _Liveness:
     values: tuple[tuple[int, int, int], ...]
     regions: tuple[tuple[int, tuple], ...]
     index: Mapping[int, int]
+    unfused: tuple[tuple[int, int, int, int], ...] = ()  # XLA:CPU: (first, last, value, copies) of buffers it adds
 
 
-def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_copies: bool = False) -> _Liveness:
+def _liveness(
+    program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_copies: bool = False, cpu: bool = False,
+) -> _Liveness:
     """``conv_copies``: a convolution reads a transposed copy of each operand XLA:CPU transposes
     (:func:`automap.cost.xla_cpu.conv_layout_copies`), not the operand itself (the copy's span is
-    :func:`automap.cost.xla_cpu.cpu_spans`')."""
-    key = ("liveness", id(ops), tuple(outputs), conv_copies)
+    :func:`automap.cost.xla_cpu.cpu_spans`'); ``cpu``: XLA:CPU's fusions, which leave some of a
+    reduction's operands outside (:func:`_reduction_operands`), and its threefry, which holds
+    random bits as two uint32 halves."""
+    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu)
     got = program.memo.get(key)
     if got is not None and got.ops is ops:
         return got
     keep = materialized(ops, outputs)
+    unfused: tuple[tuple[int, int, int, int], ...] = ()
+    if cpu:
+        cuts, spread = _reduction_operands(ops, keep, program.values)
+        keep |= cuts
+        unfused = tuple((s, e, v, 1) for s, e, v in spread)
     out_set = set(outputs)
     own_copies = _copied_in_place(program, ops, outputs) if conv_copies else frozenset()
     start: dict[int, int] = {}
@@ -220,8 +273,12 @@ def _liveness(program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_
         if v in start and start[v] < i and end.get(v) == i:
             end[v] = i - 1
     values = tuple((v, s, max(end.get(v, s), s)) for v, s in start.items())
+    if cpu:  # threefry's two uint32 halves, combined in each reader: held while the bits are read
+        bits = {v: (s, e) for v, s, e in values}
+        unfused += tuple((*bits[v], v, 2 * 4 // program.values[v].itemsize - 1) for v in
+                         (op.outputs[0] for op in ops if op.primitive == "random_bits") if v in bits)
     regions = tuple((i, op.regions) for i, op in enumerate(ops) if op.regions)
-    got = _Liveness(ops, values, regions, {op.id: i for i, op in enumerate(ops)})
+    got = _Liveness(ops, values, regions, {op.id: i for i, op in enumerate(ops)}, unfused)
     if isinstance(ops, tuple):  # immutable: safe to reuse while the memo holds it
         program.memo[key] = got
     return got

@@ -183,6 +183,24 @@ def from_constants(program: Program, ops: Sequence[Op]) -> frozenset[int]:
     return program.memo_of(ops, ("from_constants",), compute)
 
 
+def constants_as_read(program: Program, ops: Sequence[Op], size: Callable[[int], int]) -> dict[int, int]:
+    """value id -> bytes, for the values of :func:`from_constants` that an op reads into a result
+    of their shape split further than they are (a replicated zeroed buffer that a ``scatter-add``
+    split over a mesh axis writes into): XLA partitions a broadcast constant as its reader needs
+    it, so its buffer is that result's size (the held-out odd-sized GPT's gradient of
+    ``take_along_axis``: zeros f32[6,12,1001] replicated in the plan, XLA's f32[6,3,1001])."""
+    def pairs() -> tuple[tuple[int, int], ...]:
+        first, values = from_constants(program, ops), program.values
+        return tuple((v, o) for op in ops for v in op.inputs if v in first
+                     for o in op.outputs if values[o].shape == values[v].shape)
+
+    out: dict[int, int] = {}
+    for v, o in program.memo_of(ops, ("constants_as_read",), pairs):
+        if size(o) < out.get(v, size(v)):
+            out[v] = size(o)
+    return out
+
+
 def replaces_workspace(op: Op, body: bool) -> bool:
     """Whether :func:`cpu_spans` counts what ``op`` holds in place of its traits' workspace (a
     max-pool gradient outside a loop body)."""

@@ -52,3 +52,74 @@ def test_a_scatter_writes_into_its_zeroed_operand():
             jax.ShapeDtypeStruct((256, 64), jnp.float32))
     est, xla = _estimate_and_measure(fn, args, [])
     assert abs(est / xla - 1) < 0.01, (est, xla)
+
+
+def test_a_reduction_reads_its_broadcast_operands_from_buffers():
+    """Two RMSNorms with a residual, trained: XLA:CPU fuses a reduction with the elementwise work
+    that feeds it alone, but not with a broadcast that spreads a non-scalar operand (each
+    norm's rsqrt over the features, read by the scale's gradient): that broadcast is a buffer of
+    the full size, made when its source is made and kept until the reduction; and a value other
+    ops read too is a buffer of its own. With every operand fused, the estimate said 18,432 B
+    against XLA's 132,384 B (86% under); with these buffers, 132,608 B."""
+    def loss(s0, s1, x):
+        for s in (s0, s1):
+            x = x + x * (jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * s)
+        return (x * x).mean()
+
+    def step(s0, s1, x):
+        g0, g1 = jax.grad(loss, (0, 1))(s0, s1, x)
+        return s0 - 0.1 * g0, s1 - 0.1 * g1
+
+    args = (jax.ShapeDtypeStruct((64,), jnp.float32), jax.ShapeDtypeStruct((64,), jnp.float32),
+            jax.ShapeDtypeStruct((32, 16, 64), jnp.float32))
+    est, xla = _estimate_and_measure(step, args, [tactics.data_parallel("data")])
+    assert abs(est / xla - 1) < 0.02, (est, xla)
+
+
+def test_random_bits_hold_both_threefry_halves_while_read():
+    """A dropout mask read again by the gradient: XLA:CPU runs the threefry hash as a loop over
+    two uint32 arrays of the bits' size and xors them in each reader, so both stay until the
+    last reader. Counted as one buffer, the estimate said 40,968 B against XLA's 49,932 B (18%
+    under); with both, 49,160 B."""
+    def loss(w, x, key):
+        h = jnp.tanh(x * w)
+        y = jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h, 0)
+        return (jnp.exp(y) * x).sum()
+
+    def step(w, x, key_data):
+        return w - 0.1 * jax.grad(loss)(w, x, jax.random.wrap_key_data(key_data))
+
+    args = (jax.ShapeDtypeStruct((256, 64), jnp.float32), jax.ShapeDtypeStruct((256, 64), jnp.float32),
+            jax.ShapeDtypeStruct((2,), jnp.uint32))
+    est, xla = _estimate_and_measure(step, args, [tactics.data_parallel("data")])
+    assert abs(est / xla - 1) < 0.03, (est, xla)
+
+
+def test_a_constant_is_made_as_split_as_its_reader_needs():
+    """The gradient of ``take_along_axis`` scatter-adds into zeros: XLA partitions a broadcast
+    constant as its reader needs it, so zeros left replicated in a plan whose scatter-add is
+    split cost the split size, not the whole (the held-out odd-sized GPT's default plan: zeros
+    f32[6,12,1001] replicated, XLA's buffer f32[6,3,1001]; est/XLA 1.39 -> 1.21). Here the zeros
+    replicated by hand: counted whole, the estimate said 480,576 B of temp against 192,192 B as
+    planned (the plan's estimate is within 1% of XLA's measure)."""
+    import dataclasses
+
+    from automap.cost.memory import estimate_memory
+
+    def loss(w, x, labels):
+        return -jnp.take_along_axis(jax.nn.log_softmax(x @ w), labels[..., None], -1).mean()
+
+    def step(w, x, labels):
+        return w - 0.1 * jax.grad(loss)(w, x, labels)
+
+    args = (jax.ShapeDtypeStruct((48, 1001), jnp.float32), jax.ShapeDtypeStruct((8, 12, 48), jnp.float32),
+            jax.ShapeDtypeStruct((8, 12), jnp.int32))
+    est, xla = _estimate_and_measure(step, args, [tactics.data_parallel("data")])
+    assert abs(est / xla - 1) < 0.01, (est, xla)
+    planned = automap.automap(step, mesh=automap.make_mesh({"data": 8}), tactics=[tactics.data_parallel("data")],
+                              search=None).plan(*args).layout
+    [scatter] = [op for op in planned.program.ops if op.primitive == "scatter-add"]
+    zeros = scatter.inputs[0]
+    assert planned.spec(scatter.outputs[0])[0] == ("data",)
+    replicated = dataclasses.replace(planned, specs={**planned.specs, zeros: ((), (), ())})
+    assert estimate_memory(replicated, platform="cpu") == estimate_memory(planned, platform="cpu")
