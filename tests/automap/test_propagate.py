@@ -62,13 +62,14 @@ MLP_ARGS = (sds(8, 16), sds(16, 32), sds(32, 16))
       ("dot_general", [(DM, R), (R, R), (DM, R)])],
      []),
     # the earlier batch decision wins over a later FSDP-style split of w1's contracting dim on the
-    # same axis: w1 is gathered at its use, the way XLA's dot partitioner does it with 'model' (4)
-    # idle: a collective-permute of a slice, then an all-gather over 'model'
-    # (tests/automap/cost/test_against_xla.py::test_a_dot_leaving_a_mesh_axis_idle_is_split_over_it_too)
+    # same axis: with 'model' (4) idle and the result (512 B a device) under half of w1, XLA's dot
+    # partitioner moves w1's split onto 'model' by a collective-permute and sums the partial results
+    # over 'model' (XLA's collectives for jax.jit with these specs, exactly;
+    # tests/automap/cost/test_against_xla.py::test_a_dot_leaving_a_mesh_axis_idle_is_split_over_it_too)
     ([[(0, 0, "data")], [(1, 0, "data")]],
      [("dot_general", [(D, R), (D, R), (D, R)]), ("tanh", [(D, R), (D, R)]),
       ("dot_general", [(D, R), (R, R), (D, R)])],
-     [("collective-permute", ("data", "model"), 16 * 32 * 4 // 4), ("all-gather", M, 16 * 32 * 4)]),
+     [("collective-permute", ("data", "model"), 16 * 32 * 4 // 4), ("all-reduce", M, 8 * 32 * 4 // 2)]),
 ])
 def test_mlp_forward(decisions, want, collectives):
     prog = program(_mlp2, *MLP_ARGS)
