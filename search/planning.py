@@ -12,7 +12,11 @@ from search.space import SearchSpace
 
 
 class MemoryBudgetError(ValueError):
-    """No explored plan fits the per-device memory budget."""
+    """No explored plan fits the per-device memory budget. ``result``: the search's answer and
+    final candidates (:class:`~search.base.SearchResult`) where a search ran, for XLA to measure
+    against the budget (the estimate may put over it a plan XLA's program fits)."""
+
+    result: Any = None
 
 
 def budget_bytes(memory_budget: int | str | None, topology: Topology) -> int:
@@ -68,12 +72,14 @@ def run_search(
             recomputing = (got.note(),)
     if not result.score.feasible:
         best = min(space._scores.values(), key=lambda s: s.peak_bytes)
-        raise MemoryBudgetError(
+        error = MemoryBudgetError(
             f"no plan found within the memory budget of {human_bytes(budget)} per device: the smallest "
             f"per-device peak explored was {human_bytes(best.peak_bytes)} ({result.stats.states_evaluated} "
             f"plans evaluated; recomputing repeated blocks, or segments of the forward, did not fit either). Largest inputs per device in the best plan: {_largest_inputs(result.state)}. Raise "
             "memory_budget, use a larger mesh, or add tactics (fsdp, megatron) that shard these values"
         )
+        error.result = result
+        raise error
     notes = (
         f"search {result.searcher}: {result.stats.episodes} episodes, {result.stats.states_evaluated} plans "
         f"evaluated in {result.stats.wall_time_s:.2f} s; estimated step {result.score.time_s * 1e3:.3f} ms, "

@@ -282,3 +282,40 @@ def test_fsdp_over_the_whole_mesh_is_a_final_candidate_whatever_its_estimate(mon
     objective = SimpleNamespace(best=lambda plans: None, ceiling=None)
     got = mcts._alternatives(SimpleNamespace(describe=str), found, None, objective)
     assert [(label, state) for label, state, _ in got] == [("expert ()", joint.state)]
+
+
+def test_a_budget_no_plan_fits_by_estimate_is_met_by_a_final_candidate_xla_measures_within_it(monkeypatch):
+    """The estimate errs both ways: where every explored plan is over the budget by estimate (here
+    the estimate's temporaries are inflated 4x, as for a model whose buffers XLA:CPU fuses away),
+    XLA measures the search's final candidates against the budget (then searches again under the
+    budget scaled by its measure over the estimate), and a plan within it by XLA's measure is the
+    plan; before, the search raised MemoryBudgetError."""
+    import dataclasses as dc
+
+    import search.space
+    from automap.measure import measure
+
+    real = search.space.estimate
+
+    def inflated(state, topology=None, **kw):
+        est = real(state, topology, **kw)
+        return dc.replace(est, memory=dc.replace(est.memory, temp=4 * est.memory.temp + 64 * 1024))
+
+    w = zoo.gpt_linen(zoo.GPTConfig(layers=1, d_model=32, heads=4, vocab=64, seq=8, batch=8))
+    mesh = automap.make_mesh({"data": 2, "model": 4})
+    fsdp = automap.automap(w.train_step, mesh=mesh, tactics=[tactics_fsdp_whole_mesh()], search=None)
+    budget = measure(fsdp.lower(*w.abstract()).compile()).memory_per_device + 1024
+    monkeypatch.setattr(search.space, "estimate", inflated)
+    cheap = search.MCTS(episodes=4, seed=0, polish_steps=0, sweeps=0, refine_work=0)
+    step = automap.automap(w.train_step, mesh=mesh, tactics=[], search=cheap, memory_budget=budget)
+    plan = step.plan(*w.abstract())
+    assert any("XLA measures the plan within the budget" in n for n in plan.notes)
+    assert measure(step.lower(*w.abstract()).compile()).memory_per_device <= budget
+    state, batch = w.init(0)
+    np.testing.assert_allclose(step(state, batch)[1], jax.jit(w.train_step)(state, batch)[1], rtol=1e-5)
+
+
+def tactics_fsdp_whole_mesh():
+    import tactics
+
+    return tactics.fsdp(("data", "model"))
