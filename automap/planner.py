@@ -110,28 +110,27 @@ def make_plan(
         from search.planning import MemoryBudgetError, run_search
 
         before = state
-        fitted = False  # nothing fitted by estimate, a final candidate by XLA's measure
+
+        def research(budget: Any) -> tuple[ShardingState, Any]:  # the search again, under another budget
+            return run_search(search, before, topology=topology, memory_budget=budget, donated=donated,
+                              data_inputs=data_inputs, context=ctx, keep_user_remat=keep_user_remat)[:2]
+
+        unfit = None  # no plan fits by estimate: XLA's measure of the final candidates must find one
         try:
             state, found, search_notes = run_search(
                 search, state, topology=topology, memory_budget=memory_budget, donated=donated,
                 data_inputs=data_inputs, context=ctx, keep_user_remat=keep_user_remat,
             )
-        except MemoryBudgetError as error:
+        except MemoryBudgetError as error:  # the estimate errs both ways: XLA measures its candidates
             if error.result is None or not error.result.alternatives or not affordable(arbiter, program):
                 raise
-            state, found, search_notes = _fit_when_none_fits_by_estimate(
-                error, _state_measurer(traced, program, mesh, pairs, pins), lambda b: run_search(
-                    search, before, topology=topology, memory_budget=b, donated=donated, data_inputs=data_inputs,
-                    context=ctx, keep_user_remat=keep_user_remat)[:2], memory_budget, topology, donated)
-            fitted = True
+            unfit, found = error, error.result
+            state, search_notes = found.state, ("search: no plan within the budget by estimate; XLA measured its "
+                                                "final candidates",)
         notes = notes + search_notes
-        if fitted:  # XLA measured the final candidates already
-            pass
-        elif state.program.recomputed and affordable(arbiter, program):  # XLA has the last word on memory
+        if state.program.recomputed and unfit is None and affordable(arbiter, program):  # XLA has the last word
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
-            state, more = _fit_by_measure(state, found, measure_state, lambda budget: run_search(
-                search, before, topology=topology, memory_budget=budget, donated=donated, data_inputs=data_inputs,
-                context=ctx, keep_user_remat=keep_user_remat)[:2], memory_budget, topology, donated)
+            state, more = _fit_by_measure(state, found, measure_state, research, memory_budget, topology, donated)
             notes = notes + more
         elif (found.alternatives or memory_budget is not None) and affordable(arbiter, program):  # XLA decides last
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
@@ -144,10 +143,13 @@ def make_plan(
                 state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state, budget)
                 notes = notes + (note,)
             if budget is not None and (measure_state(state).memory_per_device or 0) > budget:
-                state, more = _search_within_measure(state, measure_state, lambda b: run_search(
-                    search, before, topology=topology, memory_budget=b, donated=donated, data_inputs=data_inputs,
-                    context=ctx, keep_user_remat=keep_user_remat)[:2], budget, topology, donated)
+                state, more = _search_within_measure(state, measure_state, research, budget, topology, donated)
                 notes = notes + more
+            if unfit is not None:
+                got = measure_state(state).memory_per_device or 0
+                if got > budget:
+                    raise unfit
+                notes = notes + (f"search: XLA measures the plan within the budget: {human_bytes(got)}",)
 
     state, out_specs = _tie_outputs(state, program, pairs)
     plan = Plan(
@@ -159,31 +161,6 @@ def make_plan(
 
         check_budget(state, plan.estimate.peak_memory_bytes, memory_budget)
     return plan
-
-
-def _fit_when_none_fits_by_estimate(error: Any, measure_state: Callable, research: Callable, memory_budget: Any,
-                                    topology: Any, donated: Any) -> tuple[ShardingState, Any, tuple[str, ...]]:
-    """No plan the search explored fits the budget by estimate: XLA measures its final candidates
-    (the answer, the next best, the expert compositions, FSDP over the whole mesh) against the
-    budget, as it does where the estimate fits a plan XLA's program exceeds (the estimate errs
-    both ways); the one :func:`~automap.arbiter.final_choice` keeps among those XLA measures within
-    it is the plan. Where none is, the search runs again under the budget scaled by XLA's measure
-    over the estimate (:func:`_search_within_measure`). Re-raises ``error`` where nothing fits."""
-    from search.planning import budget_bytes
-
-    budget = budget_bytes(memory_budget, topology or default_topology())
-    found = error.result
-    state, note = final_choice(("answer", found.state, found.score), found.alternatives, measure_state, budget)
-    got = measure_state(state).memory_per_device or 0
-    notes = (f"search: no plan within the budget of {human_bytes(budget)} by estimate; XLA measured its final "
-             f"candidates", note)
-    if got > budget:
-        state, more = _search_within_measure(state, measure_state, research, budget, topology, donated)
-        got = measure_state(state).memory_per_device or 0
-        if got > budget:
-            raise error
-        notes += more
-    return state, found, notes + (f"search: XLA measures the plan within the budget: {human_bytes(got)}",)
 
 
 def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, research: Callable,
