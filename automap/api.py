@@ -17,7 +17,7 @@ from automap.arg_styles import ArgStyles
 from automap.call_args import ArgumentBinder
 from automap.options import (check_argnums, check_argnums_in_range, check_flag, check_memory_budget, check_pins,
                              tactic_list)
-from automap.placement import on_mesh, place
+from automap.placement import dispatch_key, on_mesh, place, placed_call
 from automap.propagate import Reshard, reshards
 from automap.report import format_report
 from automap.shardings import ShardingState, Spec
@@ -309,6 +309,8 @@ class Partitioned:
         self._plans: dict[Any, Plan] = {}
         self._compiled: dict[Any, Any] = {}
         self._out_static: dict[Any, list] = {}  # plan key -> [static part of the outputs]
+        self._placements: dict[int, list[NamedSharding]] = {}  # id(plan) -> its input leaves' shardings
+        self._dispatch: dict[Any, Callable] = {}  # arguments' structure, avals, shardings -> the compiled call
         functools.update_wrapper(self, fn)
 
     # -- planning ------------------------------------------------------------------------------
@@ -406,15 +408,50 @@ class Partitioned:
         return self.plan(*args, **kwargs).verify(self.lower(*args, **kwargs).compile(), warn=warn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs:  # a training loop feeding a step's outputs back: jax.jit's own dispatch
+            leaves, tree = tree_util.tree_flatten(args)
+            fast = self._dispatch.get(dispatch_key(tree, leaves))
+            if fast is not None:
+                try:
+                    return fast(leaves)
+                except (TypeError, ValueError, RuntimeError):  # e.g. a donated argument: the full path says why
+                    pass
         with _compat.planning_mesh_context(self.mesh):  # a caller's jax.set_mesh: its Auto view
-            styles, pure, plan, out_static = self._prepare(self._binder.bind(args, kwargs))  # keywords bound
+            bound = self._binder.bind(args, kwargs)  # keywords bound
+            styles, pure, plan, out_static = self._prepare(bound)
             leaves = plan.check_args(pure, self.static_argnums)
-            shardings = emit.shardings(plan.state, self._emit_mesh, plan.program.inputs)
+            shardings = self._in_shardings(plan)
             placed = [place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]
             jitted, compiled = self._jitted(plan, placed)
             outs = on_mesh((compiled or jitted)(*placed), self.mesh)
+        self._remember_dispatch(args, kwargs, styles, leaves, plan, compiled or jitted, out_static)
         result = tree_util.tree_unflatten(plan.traced.out_tree, outs)
         return styles.finish(result, out_static[0])  # static outputs put back, nnx objects updated in place
+
+    def _in_shardings(self, plan: Plan) -> list[NamedSharding]:
+        if id(plan) not in self._placements:
+            self._placements[id(plan)] = emit.shardings(plan.state, self._emit_mesh, plan.program.inputs)
+        return self._placements[id(plan)]
+
+    def _remember_dispatch(self, args, kwargs, styles, leaves, plan, run, out_static) -> None:
+        """After a call whose arguments were arrays alone (nothing static, no nnx object): the next
+        call with the same structure, shapes and dtypes places its arguments and runs the compiled
+        program without planning's checks (a training loop's per-step cost, as ``jax.jit``'s)."""
+        if kwargs or self.static_argnums or styles.graph is not None or len(self._dispatch) >= _DISPATCH_ENTRIES:
+            return
+        flat, tree = tree_util.tree_flatten(args)
+        if len(flat) != len(leaves) or any(x is not f for x, f in zip(leaves, flat)):
+            return
+        key = dispatch_key(tree, flat)
+        if key is None:
+            return
+        static = out_static[0]
+        finish = functools.partial(styles.finish, out_static=static) if tree_util.tree_leaves(static) else None
+        self._dispatch[key] = placed_call(run, self._in_shardings(plan), plan.program.input_paths, self.mesh,
+                                          plan.traced.out_tree, finish)
+
+
+_DISPATCH_ENTRIES = 64  # structures / shapes remembered per function
 
 
 def automap(fn: Callable | None = None, *, mesh: Mesh, **options: Any) -> Any:

@@ -7,10 +7,13 @@ Explicit axes their types carry the plan's shardings, as ``jax.jit``'s outputs w
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
+from jax import tree_util
 from jax.sharding import Mesh, NamedSharding
+
+from automap import _compat
 
 
 def place(x: Any, sharding: NamedSharding, path: str = "") -> Any:
@@ -60,3 +63,29 @@ def on_mesh(outs: Sequence[Any], mesh: Mesh) -> list[Any]:
             x = _relabel(x, NamedSharding(mesh, s.spec, memory_kind=s.memory_kind))
         out.append(x)
     return out
+
+
+def dispatch_key(tree: Any, leaves: Sequence[Any]) -> Any:
+    """What selects a compiled program for a call: the arguments' structure, shapes and dtypes
+    (None where a leaf is not an array)."""
+    try:
+        return tree, tuple((x.shape, x.dtype) for x in leaves)
+    except AttributeError:
+        return None
+
+
+def placed_call(run: Callable, shardings: Sequence[NamedSharding], paths: Sequence[str], mesh: Mesh,
+                out_tree: Any, finish: Callable | None) -> Callable[[list], Any]:
+    """A call of ``run`` (a compiled program) on argument leaves: each placed on its sharding
+    where it is not there already (a fresh batch; a step's outputs fed back pass as they are),
+    the outputs onto ``mesh`` and into ``out_tree``, then ``finish`` (None: nothing to do)."""
+
+    def call(leaves: list) -> Any:
+        placed = [x if getattr(x, "sharding", None) == s and not x.is_deleted() else place(x, s, p)
+                  for x, s, p in zip(leaves, shardings, paths, strict=True)]  # place: moves, or says why it cannot
+        with _compat.planning_mesh_context(mesh):
+            outs = on_mesh(run(*placed), mesh)
+        result = tree_util.tree_unflatten(out_tree, outs)
+        return result if finish is None else finish(result)
+
+    return call

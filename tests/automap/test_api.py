@@ -88,6 +88,24 @@ def test_plans_are_cached_per_abstract_signature(monkeypatch):
     assert f.plan(PARAMS, batch(16)) is p2
 
 
+def test_a_training_loop_goes_straight_to_the_compiled_program(monkeypatch):
+    # after one call with the same structure, shapes and dtypes, a call neither plans nor checks
+    # again: it places what is not laid out as planned (a fresh numpy batch) and runs
+    f = automap.partition(step, mesh=MESH, search=None)
+    params, value = f(PARAMS, batch())
+    planned = f.plan(PARAMS, batch()).in_shardings[0]
+    monkeypatch.setattr(f, "_prepare", lambda *a: pytest.fail("planned again"))
+    ref, ref_value = jax.jit(step)(PARAMS, batch())
+    close((params, value), (ref, ref_value))
+    for seed in (3, 4):
+        params, value = f(params, batch(seed=seed))
+        ref, ref_value = jax.jit(step)(ref, batch(seed=seed))
+        close((params, value), (ref, ref_value))
+    assert params["w1"].sharding == planned["w1"] and params["w2"].sharding == planned["w2"]
+    with pytest.raises(pytest.fail.Exception, match="planned again"):  # another shape: the full path
+        f(params, batch(16))
+
+
 def test_static_args_are_part_of_the_signature():
     f = automap.partition(lambda x, n: x * n, mesh=MESH, static_argnums=(1,))
     x = rand(0, 8, 4)
