@@ -447,8 +447,9 @@ class Partitioned:
             return
         static = out_static[0]
         finish = functools.partial(styles.finish, out_static=static) if tree_util.tree_leaves(static) else None
+        direct = not self.donate_argnums and self._emit_mesh is self.mesh
         self._dispatch[key] = placed_call(run, self._in_shardings(plan), plan.program.input_paths, self.mesh,
-                                          plan.traced.out_tree, finish)
+                                          plan.traced.out_tree, finish, direct=direct)
 
 
 _DISPATCH_ENTRIES = 64  # structures / shapes remembered per function

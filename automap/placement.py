@@ -75,16 +75,28 @@ def dispatch_key(tree: Any, leaves: Sequence[Any]) -> Any:
 
 
 def placed_call(run: Callable, shardings: Sequence[NamedSharding], paths: Sequence[str], mesh: Mesh,
-                out_tree: Any, finish: Callable | None) -> Callable[[list], Any]:
-    """A call of ``run`` (a compiled program) on argument leaves: each placed on its sharding
-    where it is not there already (a fresh batch; a step's outputs fed back pass as they are),
-    the outputs onto ``mesh`` and into ``out_tree``, then ``finish`` (None: nothing to do)."""
+                out_tree: Any, finish: Callable | None, *, direct: bool) -> Callable[[list], Any]:
+    """A call of ``run`` (a compiled program for ``mesh``'s Auto view) on argument leaves: the
+    outputs into ``out_tree``, then ``finish`` (None: nothing to do). ``direct``: the leaves go to
+    ``run`` as they are (it moves host arrays onto the planned shardings itself, as ``jax.jit``
+    does) until one comes committed elsewhere; from then on, and without ``direct``, each leaf
+    not laid out as planned is placed first (a step's outputs fed back pass as they are) and the
+    outputs go onto ``mesh`` itself. Not direct where arguments may be donated (a deleted buffer
+    must be caught before the program runs) or ``mesh`` has Explicit axes."""
+    mode = {"direct": direct}
 
     def call(leaves: list) -> Any:
-        placed = [x if getattr(x, "sharding", None) == s and not x.is_deleted() else place(x, s, p)
-                  for x, s, p in zip(leaves, shardings, paths, strict=True)]  # place: moves, or says why it cannot
-        with _compat.planning_mesh_context(mesh):
-            outs = on_mesh(run(*placed), mesh)
+        if mode["direct"]:
+            try:
+                outs = run(*leaves)
+            except ValueError:  # an argument committed to other shardings: place from now on
+                mode["direct"] = False
+                return call(leaves)
+        else:
+            placed = [x if getattr(x, "sharding", None) == s and not x.is_deleted() else place(x, s, p)
+                      for x, s, p in zip(leaves, shardings, paths, strict=True)]  # place: moves, or says why not
+            with _compat.planning_mesh_context(mesh):
+                outs = on_mesh(run(*placed), mesh)
         result = tree_util.tree_unflatten(out_tree, outs)
         return result if finish is None else finish(result)
 

@@ -102,6 +102,10 @@ def test_a_training_loop_goes_straight_to_the_compiled_program(monkeypatch):
         ref, ref_value = jax.jit(step)(ref, batch(seed=seed))
         close((params, value), (ref, ref_value))
     assert params["w1"].sharding == planned["w1"] and params["w2"].sharding == planned["w2"]
+    elsewhere = jax.device_put(batch(seed=5), jax.devices()[0])  # committed to other shardings: placed
+    params, value = f(params, elsewhere)
+    ref, ref_value = jax.jit(step)(ref, batch(seed=5))
+    close((params, value), (ref, ref_value))
     with pytest.raises(pytest.fail.Exception, match="planned again"):  # another shape: the full path
         f(params, batch(16))
 
