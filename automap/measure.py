@@ -20,15 +20,17 @@ Everything is per device and read from ``compiled.as_text()`` (the HLO after par
   all-reduce's operand bytes. A combined (tuple) all-reduce is judged per element through its
   get-tuple-elements: its scattered elements become one reduce-scatter op and the rest one
   all-reduce op, both under the instruction's name.
+- Dot FLOPs are those of ``dot`` and ``convolution`` instructions and of the cuBLAS / cuDNN
+  custom-calls XLA:GPU runs them as (:mod:`automap.contraction_flops`), each once per execution.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Literal
 
 from automap import hlo
+from automap.contraction_flops import contraction_flops, library_target
 from automap.hlo import ArrayShape, Computation, Instruction, Module, TupleShape
 
 __all__ = ["measure", "Measurement", "CollectiveStat", "CollectiveOp", "MemoryStat", "KINDS"]
@@ -208,8 +210,8 @@ def _measure_module(module: Module, memory: MemoryStat | None) -> Measurement:
     for comp_name, times in counts.items():
         comp = module.computations[comp_name]
         for inst in comp.instructions.values():
-            if inst.opcode in ("dot", "convolution"):
-                f = _dot_flops(comp, inst)
+            if inst.opcode in ("dot", "convolution") or library_target(inst):
+                f = contraction_flops(inst, functools.partial(_operand_shape, comp, inst))
                 if f is None:
                     warnings.append(f"cannot size {inst.opcode} {inst.name!r}: {inst.line}")
                 else:
@@ -337,23 +339,3 @@ def _slice_uses(module: Module, comp: Computation,
         else:
             return None
     return out
-
-
-def _dot_flops(comp: Computation, inst: Instruction) -> int | None:
-    """2 * result elements * contraction size (for a convolution: kernel elements / outputs)."""
-    out = inst.shape
-    if not isinstance(out, ArrayShape):
-        return None
-    if inst.opcode == "dot":
-        lhs = _operand_shape(comp, inst, 0)
-        if not isinstance(lhs, ArrayShape):
-            return None
-        dims = hlo.int_list(inst.attrs.get("lhs_contracting_dims", "{}"))
-        return 2 * out.elements * math.prod(lhs.dims[d] for d in dims)
-    kernel = _operand_shape(comp, inst, 1)
-    if not isinstance(kernel, ArrayShape) or not kernel.dims:
-        return None
-    labels = inst.attrs.get("dim_labels", "")
-    kernel_labels = labels.split("_")[1].split("->")[0] if labels.count("_") >= 1 else ""
-    o = kernel_labels.index("o") if "o" in kernel_labels else len(kernel.dims) - 1
-    return 2 * out.elements * (kernel.elements // max(kernel.dims[o], 1))

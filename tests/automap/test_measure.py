@@ -372,6 +372,39 @@ def test_dot_flops():
     assert measure(FLOPS_HLO).dot_flops == loop + batched + conv
 
 
+# XLA:GPU (jax 0.11.2, one H100) hands contractions to cuBLAS and cuDNN as custom-calls whose
+# result is (product, scratch); lines as it compiled them, metadata and most of backend_config cut
+GPU_LIBRARY_HLO = """HloModule jit_train_step, is_scheduled=true
+
+ENTRY %main (x: f32[8192,768], w: f32[768,2304], b: f32[768], q: f32[96,1024,64], k: f32[96,64,1024], img: f32[8,32,32,16], kern: f32[3,3,16,32], dy: f32[8,32,32,32], bias: f32[32]) -> f32[] {
+  %x = f32[8192,768]{1,0} parameter(0)
+  %w = f32[768,2304]{1,0} parameter(1)
+  %b = f32[768]{0} parameter(2)
+  %q = f32[96,1024,64]{2,1,0} parameter(3)
+  %k = f32[96,64,1024]{2,1,0} parameter(4)
+  %img = f32[8,32,32,16]{3,2,1,0} parameter(5)
+  %kern = f32[32,3,3,16]{3,2,1,0} parameter(6)
+  %dy = f32[8,32,32,32]{3,2,1,0} parameter(7)
+  %bias = f32[32]{0} parameter(8)
+  %custom-call.13 = (f32[8192,2304]{1,0}, s8[33554432]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", backend_config={"device_type":"DEVICE_TYPE_INVALID","gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_batch_dimensions":[],"lhs_contracting_dimensions":["1"],"rhs_batch_dimensions":[],"rhs_contracting_dimensions":["0"]},"epilogue":"DEFAULT"}}
+  %custom-call.5 = (f32[96,1024,1024]{2,1,0}, s8[33554432]{0}) custom-call(%q, %k), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"alpha_real":0.125,"dot_dimension_numbers":{"lhs_batch_dimensions":["0"],"lhs_contracting_dimensions":["2"],"rhs_batch_dimensions":["0"],"rhs_contracting_dimensions":["1"]}}}
+  %cudnn-conv-bias-activation.1 = (f32[8,32,32,32]{3,2,1,0}, u8[0]{0}) custom-call(%img, %kern, %bias), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convBiasActivationForward", backend_config={"cudnn_conv_backend_config":{"activation_mode":"kNone"}}
+  %cudnn-conv-bw-input.1 = (f32[8,32,32,16]{3,2,1,0}, u8[0]{0}) custom-call(%dy, %kern), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convBackwardInput", backend_config={"cudnn_conv_backend_config":{"activation_mode":"kNone"}}
+  %cudnn-conv-bw-filter.1 = (f32[32,3,3,16]{3,2,1,0}, u8[2089663]{0}) custom-call(%img, %dy), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convBackwardFilter", backend_config={"cudnn_conv_backend_config":{"activation_mode":"kNone"}}
+  %other = (f32[8]{0}, s8[4]{0}) custom-call(%b), custom_call_target="SomethingElse"
+  ROOT %r = f32[] constant(0)
+}
+"""
+
+
+def test_library_contractions_on_gpu_are_dot_flops():
+    qkv = 2 * 8192 * 2304 * 768
+    scores = 2 * 96 * 1024 * 1024 * 64
+    conv = 2 * (8 * 32 * 32 * 32) * (3 * 3 * 16)  # each of the three forms: the forward's FLOPs
+    m = measure(GPU_LIBRARY_HLO)
+    assert m.dot_flops == qkv + scores + 3 * conv and m.warnings == ()
+
+
 # ---------------------------------------------------------------------------- errors
 
 def test_unparseable_collective_shape_names_the_line():
