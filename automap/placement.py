@@ -74,25 +74,30 @@ def dispatch_key(tree: Any, leaves: Sequence[Any]) -> Any:
         return None
 
 
+DIRECT_MISSES = 3  # calls in a row with an argument committed elsewhere before placing every call
+
+
 def placed_call(run: Callable, shardings: Sequence[NamedSharding], paths: Sequence[str], mesh: Mesh,
                 out_tree: Any, finish: Callable | None, *, direct: bool) -> Callable[[list], Any]:
     """A call of ``run`` (a compiled program for ``mesh``'s Auto view) on argument leaves: the
     outputs into ``out_tree``, then ``finish`` (None: nothing to do). ``direct``: the leaves go to
     ``run`` as they are (it moves host arrays onto the planned shardings itself, as ``jax.jit``
-    does) until one comes committed elsewhere; from then on, and without ``direct``, each leaf
-    not laid out as planned is placed first (a step's outputs fed back pass as they are) and the
-    outputs go onto ``mesh`` itself. Not direct where arguments may be donated (a deleted buffer
-    must be caught before the program runs) or ``mesh`` has Explicit axes."""
-    mode = {"direct": direct}
+    does); a call with one committed elsewhere (a freshly initialised state) is placed instead,
+    and after :data:`DIRECT_MISSES` such calls in a row every call is. Placed: each leaf not laid
+    out as planned is moved first (a step's outputs fed back pass as they are) and the outputs go
+    onto ``mesh`` itself. Not direct where arguments may be donated (a deleted buffer must be
+    caught before the program runs) or ``mesh`` has Explicit axes."""
+    misses = [0 if direct else DIRECT_MISSES]
 
     def call(leaves: list) -> Any:
-        if mode["direct"]:
+        outs = None
+        if misses[0] < DIRECT_MISSES:
             try:
                 outs = run(*leaves)
-            except ValueError:  # an argument committed to other shardings: place from now on
-                mode["direct"] = False
-                return call(leaves)
-        else:
+                misses[0] = 0
+            except ValueError:  # an argument committed to other shardings
+                misses[0] += 1
+        if outs is None:
             placed = [x if getattr(x, "sharding", None) == s and not x.is_deleted() else place(x, s, p)
                       for x, s, p in zip(leaves, shardings, paths, strict=True)]  # place: moves, or says why not
             with _compat.planning_mesh_context(mesh):
