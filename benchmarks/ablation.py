@@ -4,7 +4,8 @@ against plan quality and search time.
     python benchmarks/ablation.py [--workloads gpt2,mlp] [--measure] [--topology h100-8] [--out ablation.md]
 
 Variants (each a :class:`search.ChainSearch`): the full default chain (compose, tree, polish,
-sweep, polish, refine, tie), the default less one stage at a time (both polishes go together;
+repair, sweep, polish, refine, tie; repair acts only under a binding memory budget, which these
+workloads do not have), the default less one stage at a time (both polishes go together;
 without ``compose`` the objective drops the expert ceiling too, as ``MCTS(seed_tactics=False)``
 does), the tree alone, compose alone. Workloads: the zoo GPT (2 layers, unrolled and scanned),
 the zoo MLP and three corpus models, each on mesh data=2 x model=4 (``--mesh``), planned by
@@ -68,7 +69,7 @@ def variants(default: search.MCTS | None = None) -> dict[str, search.ChainSearch
     only``, ``compose only``.
 
     >>> list(variants())
-    ['full', '-compose', '-tree', '-polish', '-sweep', '-refine', '-tie', 'tree only', 'compose only']
+    ['full', '-compose', '-tree', '-polish', '-repair', '-sweep', '-refine', '-tie', 'tree only', 'compose only']
     """
     default = default or search.MCTS()
     full = default.stages().stages

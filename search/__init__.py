@@ -3,7 +3,7 @@ search, :mod:`search.stages`), an exact solver, greedy; one objective orders pla
 
 >>> import search
 >>> [s.name for s in search.MCTS().stages().stages]
-['compose', 'tree', 'polish', 'sweep', 'polish', 'refine', 'tie']
+['compose', 'tree', 'polish', 'repair', 'sweep', 'polish', 'refine', 'tie']
 """
 from search.base import Searcher, SearchResult, SearchStats
 from search.ceiling import Ceiling

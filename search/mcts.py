@@ -10,7 +10,7 @@ from search.compose import compositions, expert_ceiling, expert_plan, tactic_com
 from search.objective import Objective
 from search.progress import Progress
 from search.space import Plan, Score, SearchSpace
-from search.stages import Chain, Compose, Found, LeanestTie, Polish, Refine, Sweep, Tree, chain
+from search.stages import Chain, Compose, Found, LeanestTie, Polish, Refine, Repair, Sweep, Tree, chain
 from search.tree import RolloutFn, SelectFn, random_rollout, uct_select
 
 __all__ = ["MCTS", "expert_ceiling", "tactic_compositions"]
@@ -22,7 +22,8 @@ class MCTS:
 
     The chain (:meth:`stages`): the tactic compositions (``seed_tactics``: a beam over the tactic
     macros on any mesh axis in any order, :mod:`search.compose`), tree search seeded with them
-    (``episodes`` in all), polish (``polish_steps``), sweeps over the mesh axes (``sweeps``
+    (``episodes`` in all), polish (``polish_steps``; with it, the repair of plans met faster
+    than the best but over the memory budget), sweeps over the mesh axes (``sweeps``
     starting plans), polish again, the exact refinement (``refine_work``) and the tie-break.
 
     The fastest composition that fits sets a ceiling (``expert_ceiling``, see ``search/ceiling.py``):
@@ -34,7 +35,7 @@ class MCTS:
     >>> search.MCTS(episodes=8, seed=0).episodes
     8
     >>> [s.name for s in search.MCTS().stages().stages]
-    ['compose', 'tree', 'polish', 'sweep', 'polish', 'refine', 'tie']
+    ['compose', 'tree', 'polish', 'repair', 'sweep', 'polish', 'refine', 'tie']
     """
 
     episodes: int = 48
@@ -69,6 +70,7 @@ class MCTS:
             ([Compose(limit=self.episodes // 2)] if self.seed_tactics else [])
             + [Tree(self.episodes, self.seed, self.exploration, self.rollout_depth, self.select_fn, self.rollout_fn,
                     self.time_budget_s, on_episode), polish]
+            + ([Repair()] if self.polish_steps else [])
             + ([Sweep(self.sweeps), polish] if self.sweeps else [])
             + ([Refine(self.refine_work)] if self.refine_work else [])
             + [LeanestTie()]

@@ -6,6 +6,8 @@ objective)`` to a new ``found`` (the best plan so far and the plans met on the w
   in any order, :mod:`search.compose`);
 - :class:`Tree`: Monte Carlo tree search proper, seeded with them (:mod:`search.tree`);
 - :class:`Polish`: one improving move at a time;
+- :class:`Repair`: the same climb from the plans met faster than the best but over the memory
+  budget (a binding budget only);
 - :class:`Sweep`: every decision group over one mesh axis at once, axes taken greedily (the
   plateaus one move at a time cannot cross), from the best plan and the fastest compositions;
 - :class:`Refine`: one more action per group, all decided together exactly (:func:`search.ilp.refine`);
@@ -183,6 +185,33 @@ class Polish:
 
 
 @dataclasses.dataclass(frozen=True)
+class Repair:
+    """Under a memory budget that binds (a plan met is faster than the best but over the budget):
+    polish (hill-climb, as :class:`Polish`) from the best valued of those plans, where one more
+    split often makes a fast plan fit that the tree left behind, its best already fitting, and
+    that :class:`Polish`, climbing from that best, does not reach. An over-budget plan's value
+    falls with its peak (:mod:`search.objective`), so the climb heads under the budget; at most
+    ``starts`` climbs, every plan one ends on a candidate. Nothing runs where no plan met is over
+    the budget."""
+
+    starts: int = 2
+    steps: int = 8
+    budget: int = 128  # plans evaluated per climb
+    name: str = "repair"
+
+    def __call__(self, space: SearchSpace, found: Found, objective: Objective) -> Found:
+        over = sorted(budget_excluded(found), key=lambda p: objective.key(p.score))  # fast, and the least over
+        starts = list({p.state.key(): p for p in over}.values())[:self.starts]
+        climb = Polish(self.steps, budget=self.budget)
+        return found.met([climb(space, Found(start), objective).best for start in starts], objective)
+
+
+def budget_excluded(found: Found) -> list[Plan]:
+    """The plans met faster than the best that the memory budget excludes."""
+    return [p for p in found.pool if not p.score.feasible and p.score.time_s < found.best.score.time_s]
+
+
+@dataclasses.dataclass(frozen=True)
 class Sweep:
     """Sweep (:func:`search.greedy.sweep`) the best plan and the fastest compositions of the pool,
     ``starts`` distinct plans in all, over the mesh axes greedily: every open axis of the plan
@@ -261,7 +290,7 @@ class ChainSearch:
     >>> full = search.MCTS().stages()
     >>> s = ChainSearch(chain(*(stage for stage in full.stages if stage.name != "sweep")), name="no sweep")
     >>> [stage.name for stage in s.stages.stages]
-    ['compose', 'tree', 'polish', 'polish', 'refine', 'tie']
+    ['compose', 'tree', 'polish', 'repair', 'polish', 'refine', 'tie']
     """
 
     stages: Chain

@@ -25,9 +25,9 @@ def _ablation():
 def test_variants_drop_one_stage_each_and_only_compose_holds_the_ceiling():
     every = _ablation().variants()
     full = [s.name for s in every["full"].stages.stages]
-    assert full == ["compose", "tree", "polish", "sweep", "polish", "refine", "tie"]
-    assert [s.name for s in every["-polish"].stages.stages] == ["compose", "tree", "sweep", "refine", "tie"]
-    assert [s.name for s in every["-sweep"].stages.stages] == ["compose", "tree", "polish", "polish", "refine", "tie"]
+    assert full == ["compose", "tree", "polish", "repair", "sweep", "polish", "refine", "tie"]
+    assert [s.name for s in every["-polish"].stages.stages] == ["compose", "tree", "repair", "sweep", "refine", "tie"]
+    assert [s.name for s in every["-sweep"].stages.stages] == ["compose", "tree", "polish", "repair", "polish", "refine", "tie"]
     assert [s.name for s in every["tree only"].stages.stages] == ["tree"]
     assert {k for k, v in every.items() if not v.ceiling} == {"-compose", "tree only"}
 

@@ -60,7 +60,7 @@ def test_progress_bar_names_the_stages_after_the_tree_and_stays_quiet_off_a_term
     monkeypatch.setattr(search.progress, "BAR_DELAY_S", 0.0)
     search.MCTS(**cheap, progress=True).search(_mlp_space())
     err = capsys.readouterr().err
-    steps = ("polish", "sweep", "polish", "tie")
+    steps = ("polish", "repair", "sweep", "polish", "tie")
     for i, step in enumerate(steps):  # each stage is shown as it begins
         assert f"automap search: {step}:" in err and f"| {4 + i}/{4 + len(steps)} [" in err
     assert "best=" in err
