@@ -25,10 +25,17 @@ def batch_dims(ctx: PlanContext) -> dict[int, int]:
     program = ctx.program
     weights = weight_derived(program, ctx.state_inputs)
     users = consumers(program)
+    # the dims the weights' own dims reach (not those a broadcast of a weight adds, a bias broadcast
+    # to its layer's output shape): a data dim meeting one of these meets a weight; see below too
+    from_weights: set[tuple[int, int]] = set()
+    for vid in ctx.state_inputs:
+        for d in range(program.values[vid].ndim):
+            from_weights |= follow(program, vid, d, weights, users=users).visited
+    weight_dims = frozenset(from_weights)
     flows: dict[tuple[int, int], Flow] = {}
     for vid in ctx.data_inputs:
         for d in range(program.values[vid].ndim):
-            flows[(vid, d)] = follow(program, vid, d, weights, users=users)
+            flows[(vid, d)] = follow(program, vid, d, weights, users=users, weight_dims=weight_dims)
     keys = list(flows)
     # dims whose flows meet are one factor
     parent = {k: k for k in keys}
@@ -48,10 +55,6 @@ def batch_dims(ctx: PlanContext) -> dict[int, int]:
                 owner[point] = k
     # a dim that meets a weight's factor anywhere (the prediction's feature dim, which came from
     # the last weight, against the targets' feature dim) is a feature, not the batch
-    from_weights: set[tuple[int, int]] = set()
-    for vid in ctx.state_inputs:
-        for d in range(program.values[vid].ndim):
-            from_weights |= follow(program, vid, d, weights, users=users).visited
     rejected = {find(k) for k in keys if not flows[k].kinds() <= _BATCH_ENDS or flows[k].visited & from_weights}
     out: dict[int, int] = {}
     for vid, d in keys:

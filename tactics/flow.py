@@ -95,11 +95,14 @@ class Flow:
 
 def follow(
     program: Program, value: int, dim: int, weights: set[int], *, phases: tuple[str, ...] = ("forward",),
-    users: dict[int, list[tuple[Op, int]]] | None = None,
+    users: dict[int, list[tuple[Op, int]]] | None = None, weight_dims: frozenset[tuple[int, int]] | None = None,
 ) -> Flow:
     """Follow dim ``dim`` of ``value`` forward: through every op reading it, the factor of that dim
     goes to the result dims holding it, until it is contracted, reduced, blocked, meets a weight
-    in an elementwise op (``mix_weight``) or reaches a program output."""
+    in an elementwise op (``mix_weight``) or reaches a program output. With ``weight_dims`` (the
+    (value, dim) pairs a weight's own dims reach), a weight met on a dim a broadcast made (a bias
+    broadcast to its layer's output shape before the add, as haiku's ``Linear`` does) is no
+    ``mix_weight``: that dim holds no factor of the weight."""
     users = users if users is not None else consumers(program)
     outputs = set(program.outputs)
     ends: list[FactorEnd] = []
@@ -138,7 +141,8 @@ def follow(
             if not op.regions:
                 partners = [
                     v for i, (v, vd) in enumerate(zip(op.linked_inputs, rule.operands, strict=True))
-                    if i != pos and any(fs and fs[0] == f for fs in vd) and v in weights
+                    if i != pos and v in weights and any(
+                        fs and fs[0] == f and (weight_dims is None or (v, wd) in weight_dims) for wd, fs in enumerate(vd))
                 ]
                 if partners:  # recorded, and followed on: a bias add keeps a column factor going
                     ends.append(FactorEnd("mix_weight", op))

@@ -54,6 +54,14 @@ def _recurrent(params, batch):  # (batch, seq, features) scanned over seq from a
     return jnp.mean(h ** 2)
 
 
+def _broadcast_bias(params, batch):  # stacked layers scanned, each bias broadcast to the output's shape first (haiku)
+    def layer(h, p):
+        out = h @ p["w"]
+        return jnp.tanh(out + jnp.broadcast_to(p["b"], out.shape)), None
+    h, _ = jax.lax.scan(layer, batch["x"], params["layers"])
+    return jnp.mean(h ** 2)
+
+
 BATCH_FIRST = {"w1": _sds(16, 32), "w2": _sds(32, 4)}
 FEATURES_FIRST = {"w1": _sds(32, 16), "w2": _sds(4, 32)}
 
@@ -76,6 +84,9 @@ ROWS = [
      {"x": P("data")}, ["batch dims batch/x[0]"]),
     ("recurrent-zero-state", _recurrent, {"wh": _sds(8, 8), "wx": _sds(16, 8)}, {"x": _sds(8, 4, 16)}, {"data": 8},
      {"x": P("data")}, ["batch dims batch/x[0]"]),
+    # the batch dim meets the broadcast bias on a dim the broadcast made, not one of the weight's
+    ("broadcast-bias-scanned", _broadcast_bias, {"layers": {"w": _sds(2, 16, 16), "b": _sds(2, 16)}},
+     {"x": _sds(8, 16)}, {"data": 8}, {"x": P("data")}, ["batch dims batch/x[0]"]),
     ("not-divisible", _batch_first, BATCH_FIRST, {"x": _sds(6, 16), "y": _sds(6, 4)}, {"data": 4},
      {"x": P(), "y": P()}, ["skips batch/x", "not divisible by 4", "no batch dim divisible by the axis; nothing done"]),
     ("only-a-table", _lookup_table, {"w1": _sds(16, 32)}, {"x": _sds(1, 16), "table": _sds(16, 16)}, {"data": 2},

@@ -465,6 +465,15 @@ def test_xla_cpu_runs_a_ragged_dot_on_a_masked_copy_per_group():
     # a dot does the same: w split on its rows, a 1 KiB result
     ("dot, summed dim, small result", lambda x, w: x @ w, [(8, 256), (256, 64)], [P("data"), P("data"), P("data")],
      [("all-reduce", ("model",), 1024), ("collective-permute", D_M, 16384)]),
+    # XLA sums where the result (per device) is smaller than the gathered operand, not only below
+    # half of it: an 8 KiB result, a 12 KiB kernel (a haiku Conv1D under fsdp_tp); a 3,840 B
+    # result, a 4 KiB weight; the same size: gathered
+    ("summed dim, result 2/3 of the kernel", _conv, [(8, 4, 4, 32), (1, 3, 32, 32)],
+     [P("data"), P(None, None, "data"), P("data")], [("all-reduce", ("model",), 8192), ("collective-permute", D_M, 3072)]),
+    ("dot, summed dim, result just below the weight", lambda x, w: x @ w, [(120, 64), (64, 16)],
+     [P("data"), P("data"), P("data")], [("all-reduce", ("model",), 3840), ("collective-permute", D_M, 1024)]),
+    ("dot, summed dim, result the weight's size", lambda x, w: x @ w, [(128, 64), (64, 16)],
+     [P("data"), P("data"), P("data")], [("all-gather", ("model",), 4096), ("collective-permute", D_M, 1024)]),
 ])
 def test_a_convolution_leaving_a_mesh_axis_idle_is_split_over_it_too(name, fn, shapes, specs, want):
     """XLA partitions a convolution as a dot: one that leaves a mesh axis idle splits over it and
