@@ -22,10 +22,11 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
-from automap.cost.xla_cpu import constants_as_read, conv_layout_copies, cpu_spans, from_constants, replaces_workspace
+from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
+                                  replaces_workspace)
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -65,9 +66,12 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
     return keep
 
 
-def _reduction_operands(ops: Sequence[Op], keep: set[int], values: Mapping) -> tuple[set[int], list[tuple[int, int, int]]]:
-    """What XLA:CPU's reductions leave outside their fusion (a library fusion of the
-    elementwise work that feeds them alone): walking up a reduction's fused operands, a value
+def _reduction_operands(
+    ops: Sequence[Op], keep: set[int], values: Mapping, library: Collection[int],
+) -> tuple[set[int], list[tuple[int, int, int]]]:
+    """What XLA:CPU's reductions at positions ``library`` (:func:`automap.cost.xla_cpu.library_fused`)
+    leave outside their fusion (a library fusion of the elementwise work that feeds them alone;
+    a smaller reduction's loop fusion computes all of it inline): walking up a reduction's fused operands, a value
     another op reads too is computed into a buffer of its own (the first result, values), and an
     operand broadcast to more elements (non-scalar: a ``broadcast_in_dim``, or an elementwise op's
     unit dims) is a buffer of the broadcast size, made where its source is made (XLA schedules it
@@ -84,9 +88,8 @@ def _reduction_operands(ops: Sequence[Op], keep: set[int], values: Mapping) -> t
             spreads.update({(u, values[op.outputs[0]].shape) for u in op.inputs if 1 < math.prod(values[u].shape) < n})
     cuts: set[int] = set()
     spread: dict[tuple[int, tuple], list[int]] = {}  # (source, shape) -> [first, last, broadcast value]
-    for at, op in enumerate(ops):
-        if traits_of(op.primitive).memory != "result" or op.regions:
-            continue
+    for at in sorted(library):
+        op = ops[at]
         stack = list(op.inputs)
         while stack:
             v = stack.pop()
@@ -121,9 +124,10 @@ def temp_peak(
     ``body``: ``ops`` are a loop body, which XLA schedules otherwise (:func:`_reshard_spans`);
     ``platform``: what that platform's compiler adds (XLA:CPU: :func:`automap.cost.xla_cpu.cpu_spans`)."""
     cpu = platform == "cpu"
-    live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu)
-    index = live_ranges.index
     size = _sizer(state)
+    library = library_fused(program, ops, size) if cpu else frozenset()
+    live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu, library=library)
+    index = live_ranges.index
     first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
     read_as = constants_as_read(program, ops, size) if cpu and not body else {}
     spans = [(0 if v in first else s, e, read_as.get(v, size(v))) for v, s, e in live_ranges.values]
@@ -231,20 +235,21 @@ class _Liveness:
 
 def _liveness(
     program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_copies: bool = False, cpu: bool = False,
+    library: frozenset[int] = frozenset(),
 ) -> _Liveness:
     """``conv_copies``: a convolution reads a transposed copy of each operand XLA:CPU transposes
     (:func:`automap.cost.xla_cpu.conv_layout_copies`), not the operand itself (the copy's span is
     :func:`automap.cost.xla_cpu.cpu_spans`'); ``cpu``: XLA:CPU's fusions, which leave some of a
-    reduction's operands outside (:func:`_reduction_operands`), and its threefry, which holds
-    random bits as two uint32 halves."""
-    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu)
+    reduction's operands outside (:func:`_reduction_operands` of the reductions at positions
+    ``library``), and its threefry, which holds random bits as two uint32 halves."""
+    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu, library)
     got = program.memo.get(key)
     if got is not None and got.ops is ops:
         return got
     keep = materialized(ops, outputs)
     unfused: tuple[tuple[int, int, int, int], ...] = ()
     if cpu:
-        cuts, spread = _reduction_operands(ops, keep, program.values)
+        cuts, spread = _reduction_operands(ops, keep, program.values, library)
         keep |= cuts
         unfused = tuple((s, e, v, 1) for s, e, v in spread)
     out_set = set(outputs)

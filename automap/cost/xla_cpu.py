@@ -14,8 +14,13 @@ from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState
 
-__all__ = ["conv_layout_copies", "cpu_spans", "from_constants", "gathers_minor", "pool_gradient_spans",
-           "replaces_workspace"]
+__all__ = ["conv_layout_copies", "cpu_spans", "from_constants", "gathers_minor", "library_fused",
+           "pool_gradient_spans", "replaces_workspace"]
+
+LIBRARY_ELEMENTS = 4096
+"""The fewest elements on a device of an op's result or operand for XLA:CPU to prefer its YNNPACK
+library fusions over its own loop fusion (``IsInstructionPreferredByYnn``,
+``xla/backends/cpu/ynn_support.cc``)."""
 
 
 def conv_layout_copies(op: Op) -> tuple[bool, bool, bool]:
@@ -199,6 +204,23 @@ def constants_as_read(program: Program, ops: Sequence[Op], size: Callable[[int],
         if size(o) < out.get(v, size(v)):
             out[v] = size(o)
     return out
+
+
+def library_fused(program: Program, ops: Sequence[Op], size: Callable[[int], int]) -> frozenset[int]:
+    """Positions in ``ops`` of the ops whose result is a buffer read from fused operands (a
+    reduction) that XLA:CPU runs as a YNNPACK library fusion: those whose result or an operand
+    holds at least :data:`LIBRARY_ELEMENTS` elements on a device (``size``: bytes per device).
+    A smaller one is a loop fusion, which computes every elementwise operand inline (an RMSNorm
+    of f32[2,16,64] a device: XLA's reductions read nothing but the norm's input; of
+    f32[4,16,64]: library fusions, which leave out what :func:`automap.cost.memory._reduction_operands`
+    counts)."""
+    def candidates() -> tuple[tuple[int, tuple[int, ...]], ...]:
+        return tuple((i, (*op.inputs, *op.outputs)) for i, op in enumerate(ops)
+                     if traits_of(op.primitive).memory == "result" and not op.regions)
+
+    values = program.values
+    return frozenset(i for i, vs in program.memo_of(ops, ("library_candidates",), candidates)
+                     if max(size(v) // max(values[v].itemsize, 1) for v in vs) >= LIBRARY_ELEMENTS)
 
 
 def replaces_workspace(op: Op, body: bool) -> bool:

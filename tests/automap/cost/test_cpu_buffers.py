@@ -123,3 +123,33 @@ def test_a_constant_is_made_as_split_as_its_reader_needs():
     assert planned.spec(scatter.outputs[0])[0] == ("data",)
     replicated = dataclasses.replace(planned, specs={**planned.specs, zeros: ((), (), ())})
     assert estimate_memory(replicated, platform="cpu") == estimate_memory(planned, platform="cpu")
+
+
+def test_a_small_reduction_computes_its_operands_inline():
+    """Two MLP-Mixer blocks (LayerNorm, transpose, dense over the tokens, transpose back, then
+    over the channels), trained: XLA:CPU gives a reduction to its library fusion (which reads
+    broadcast and shared operands from buffers of their own) only when it or an operand holds at
+    least 4,096 elements a device; these norms of f32[2,16,32] a device are loop fusions that
+    compute every operand inline. With the library's buffers at every reduction, the estimate
+    said 182,272 B against XLA's 158,720 B (15% over); with them only where XLA makes them,
+    153,984 B."""
+    def norm(x, s, b):
+        m = x.mean(-1, keepdims=True)
+        return (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-6) * s + b
+
+    def loss(params, x):
+        for p in params:
+            y = jnp.swapaxes(norm(x, p["s1"], p["b1"]), 1, 2)
+            x = x + jnp.swapaxes(jax.nn.gelu(y @ p["w1"]) @ p["w2"], 1, 2)
+            x = x + jax.nn.gelu(norm(x, p["s2"], p["b2"]) @ p["w3"]) @ p["w4"]
+        return (x * x).mean()
+
+    def step(params, x):
+        return jax.tree.map(lambda a, g: a - 0.1 * g, params, jax.grad(loss)(params, x))
+
+    f32 = jnp.float32
+    shapes = dict(s1=(32,), b1=(32,), w1=(16, 32), w2=(32, 16), s2=(32,), b2=(32,), w3=(32, 32), w4=(32, 32))
+    params = [{k: jax.ShapeDtypeStruct(s, f32) for k, s in shapes.items()} for _ in range(2)]
+    est, xla = _estimate_and_measure(step, (params, jax.ShapeDtypeStruct((16, 16, 32), f32)),
+                                     [tactics.data_parallel("data")])
+    assert abs(est / xla - 1) < 0.05, (est, xla)
