@@ -26,7 +26,7 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
 from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
-                                  replaces_workspace)
+                                  replaces_workspace, windowed_reductions)
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -126,7 +126,9 @@ def temp_peak(
     cpu = platform == "cpu"
     size = _sizer(state)
     library = library_fused(program, ops, size) if cpu else frozenset()
-    live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu, library=library)
+    windowed = windowed_reductions(program, ops, state, library) if cpu else frozenset()
+    live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu, library=library,
+                            windowed=windowed)
     index = live_ranges.index
     first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
     read_as = constants_as_read(program, ops, size) if cpu and not body else {}
@@ -235,14 +237,16 @@ class _Liveness:
 
 def _liveness(
     program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_copies: bool = False, cpu: bool = False,
-    library: frozenset[int] = frozenset(),
+    library: frozenset[int] = frozenset(), windowed: frozenset[int] = frozenset(),
 ) -> _Liveness:
     """``conv_copies``: a convolution reads a transposed copy of each operand XLA:CPU transposes
     (:func:`automap.cost.xla_cpu.conv_layout_copies`), not the operand itself (the copy's span is
     :func:`automap.cost.xla_cpu.cpu_spans`'); ``cpu``: XLA:CPU's fusions, which leave some of a
     reduction's operands outside (:func:`_reduction_operands` of the reductions at positions
-    ``library``), and its threefry, which holds random bits as two uint32 halves."""
-    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu, library)
+    ``library``; the operand of each reduction at positions ``windowed``, a buffer that a
+    reduce-window reads: :func:`automap.cost.xla_cpu.windowed_reductions`), and its threefry,
+    which holds random bits as two uint32 halves."""
+    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu, library, windowed)
     got = program.memo.get(key)
     if got is not None and got.ops is ops:
         return got
@@ -250,7 +254,7 @@ def _liveness(
     unfused: tuple[tuple[int, int, int, int], ...] = ()
     if cpu:
         cuts, spread = _reduction_operands(ops, keep, program.values, library)
-        keep |= cuts
+        keep |= cuts | {ops[i].inputs[0] for i in windowed}
         unfused = tuple((s, e, v, 1) for s, e, v in spread)
     out_set = set(outputs)
     own_copies = _copied_in_place(program, ops, outputs) if conv_copies else frozenset()

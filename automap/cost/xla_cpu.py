@@ -15,7 +15,7 @@ from automap.rules import traits_of
 from automap.shardings import ShardingState
 
 __all__ = ["conv_layout_copies", "cpu_spans", "from_constants", "gathers_minor", "library_fused",
-           "pool_gradient_spans", "replaces_workspace"]
+           "pool_gradient_spans", "replaces_workspace", "windowed_reductions"]
 
 LIBRARY_ELEMENTS = 4096
 """The fewest elements on a device of an op's result or operand for XLA:CPU to prefer its YNNPACK
@@ -221,6 +221,31 @@ def library_fused(program: Program, ops: Sequence[Op], size: Callable[[int], int
     values = program.values
     return frozenset(i for i, vs in program.memo_of(ops, ("library_candidates",), candidates)
                      if max(size(v) // max(values[v].itemsize, 1) for v in vs) >= LIBRARY_ELEMENTS)
+
+
+TREE_REDUCTION_WINDOW = 32
+"""XLA:CPU's ``TreeReductionRewriter`` window: a reduction of a dim longer than this is a
+reduce-window of that size, then a reduce (``xla/hlo/transforms/simplifiers/tree_reduction_rewriter.cc``)."""
+
+def windowed_reductions(program: Program, ops: Sequence[Op], state: ShardingState,
+                        library: Collection[int]) -> frozenset[int]:
+    """Positions in ``ops`` of the reductions XLA:CPU runs as a reduce-window, then a reduce:
+    those not in ``library`` (:func:`library_fused`) that reduce a dim of more than
+    :data:`TREE_REDUCTION_WINDOW` elements on a device. XLA fuses nothing into the
+    reduce-window, so it reads the reduction's operand from a buffer of its own (an RMSNorm of
+    f32[2,16,64] a device: its ``x * x`` and its gradient's row terms are buffers)."""
+    def candidates() -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+        return tuple((i, op.inputs[0], tuple(op.params["axes"])) for i, op in enumerate(ops)  # reduce_sum, ...
+                     if traits_of(op.primitive).memory == "result" and "axes" in op.params and not op.regions)
+
+    out = set()
+    for i, v, axes in program.memo_of(ops, ("reduction_candidates",), candidates):
+        if i in library:
+            continue
+        shape, spec = program.values[v].shape, state.spec(v)
+        if any(shape[d] // math.prod(state.axes[a] for a in spec[d]) > TREE_REDUCTION_WINDOW for d in axes):
+            out.add(i)
+    return frozenset(out)
 
 
 def replaces_workspace(op: Op, body: bool) -> bool:
