@@ -167,3 +167,19 @@ def test_a_reduction_of_a_long_dim_reads_its_operand_from_a_buffer():
     args = (jax.ShapeDtypeStruct((64,), jnp.float32), jax.ShapeDtypeStruct((16, 16, 64), jnp.float32))
     est, xla = _estimate_and_measure(step, args, [tactics.data_parallel("data")])
     assert abs(est / xla - 1) < 0.05, (est, xla)
+
+
+def test_collectives_run_as_soon_as_their_operand_exists():
+    """The corpus's NNX transformer under FSDP + Megatron: its forward's activations, split on the
+    features, are moved onto the batch (all-to-alls) for the backward's weight gradients, and XLA
+    runs each all-to-all right after the activation is made, holding the result until the
+    backward (as it gathers a parameter at the start of the step). Resharded at their use, the
+    estimate said 58,028 B against XLA's 75,148 B (23% under); as XLA schedules them, 70,316 B."""
+    from automap.zoo import corpus
+
+    w = corpus.BUILDERS["nnx_transformer"]()
+    args = w.abstract()
+    step = automap.automap(w.train_step, mesh=automap.make_mesh({"data": 2, "model": 4}),
+                           tactics=[tactics.fsdp_tp()], search=None)
+    est, xla = step.plan(*args).estimate.peak_memory_bytes, automap.measure(step.lower(*args).compile()).memory_per_device
+    assert abs(est / xla - 1) < 0.1, (est, xla)
