@@ -13,8 +13,9 @@ of its body (one iteration) while it runs; its stacked outputs are ordinary valu
 a loop body on its own: its gathers first, its gradient reductions last (:func:`_reshard_spans`).
 On a CPU topology the buffers XLA:CPU's compiler adds are counted too (:mod:`automap.cost.xla_cpu`:
 a reduce-scatter's whole reduced copy, a gather's layout copy, a convolution's transposed operands;
-here: what its reductions do not fuse (:func:`_reduction_operands`), and the random bits' two
-threefry halves).
+here: what its reductions do not fuse (:func:`_reduction_operands` of the library fusions,
+:func:`automap.cost.xla_cpu.library_fused`; the operand of a reduce-window,
+:func:`automap.cost.xla_cpu.windowed_reductions`), and the random bits' two threefry halves).
 """
 from __future__ import annotations
 
