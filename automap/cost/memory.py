@@ -68,7 +68,7 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
 
 
 def _reduction_operands(
-    ops: Sequence[Op], keep: set[int], values: Mapping, library: Collection[int],
+    program: Program, ops: Sequence[Op], keep: set[int], library: Collection[int],
 ) -> tuple[set[int], list[tuple[int, int, int]]]:
     """What XLA:CPU's reductions at positions ``library`` (:func:`automap.cost.xla_cpu.library_fused`)
     leave outside their fusion (a library fusion of the elementwise work that feeds them alone;
@@ -78,15 +78,22 @@ def _reduction_operands(
     unit dims) is a buffer of the broadcast size, made where its source is made (XLA schedules it
     there) and kept until the last reduction that reads it (the second, as (first op, last op,
     broadcast value))."""
-    readers: collections.Counter[int] = collections.Counter()
-    for op in ops:
-        readers.update(set(op.inputs))
-    made = {v: (i, op) for i, op in enumerate(ops) for v in op.outputs}
-    spreads: collections.Counter[tuple[int, tuple]] = collections.Counter()  # (source, shape) -> ops spreading it
-    for op in ops:
-        if op.outputs and not op.regions:
-            n = math.prod(values[op.outputs[0]].shape)
-            spreads.update({(u, values[op.outputs[0]].shape) for u in op.inputs if 1 < math.prod(values[u].shape) < n})
+    values = program.values
+
+    def graph() -> tuple[Mapping[int, int], Mapping[int, tuple[int, Op]], Mapping[tuple[int, tuple], int]]:
+        readers: collections.Counter[int] = collections.Counter()
+        for op in ops:
+            readers.update(set(op.inputs))
+        made = {v: (i, op) for i, op in enumerate(ops) for v in op.outputs}
+        spreads: collections.Counter[tuple[int, tuple]] = collections.Counter()  # (source, shape) -> ops spreading it
+        for op in ops:
+            if op.outputs and not op.regions:
+                n = math.prod(values[op.outputs[0]].shape)
+                spreads.update({(u, values[op.outputs[0]].shape) for u in op.inputs
+                                if 1 < math.prod(values[u].shape) < n})
+        return readers, made, spreads
+
+    readers, made, spreads = program.memo_of(ops, ("reduction_graph",), graph)
     cuts: set[int] = set()
     spread: dict[tuple[int, tuple], list[int]] = {}  # (source, shape) -> [first, last, broadcast value]
     for at in sorted(library):
@@ -96,11 +103,11 @@ def _reduction_operands(
             v = stack.pop()
             if v not in made or v in keep or v in cuts:
                 continue
-            if readers[v] > 1:
+            if readers.get(v, 0) > 1:
                 cuts.add(v)
                 continue
             for u in made[v][1].inputs:
-                if spreads[(u, values[v].shape)] > 1:  # one broadcast (XLA's CSE) that other fusions read
+                if spreads.get((u, values[v].shape), 0) > 1:  # one broadcast (XLA's CSE) that other fusions read
                     got = spread.setdefault((u, values[v].shape), [made.get(u, (0,))[0], at, v])
                     got[1] = max(got[1], at)
                 else:
@@ -255,10 +262,10 @@ def _liveness(
     got = program.memo.get(key)
     if got is not None and got.ops is ops:
         return got
-    keep = materialized(ops, outputs)
+    keep = set(program.memo_of(ops, ("materialized", tuple(outputs)), lambda: frozenset(materialized(ops, outputs))))
     unfused: tuple[tuple[int, int, int, int], ...] = ()
     if cpu:
-        cuts, spread = _reduction_operands(ops, keep, program.values, library)
+        cuts, spread = _reduction_operands(program, ops, keep, library)
         keep |= cuts | {ops[i].inputs[0] for i in windowed}
         unfused = tuple((s, e, v, 1) for s, e, v in spread)
     out_set = set(outputs)
@@ -292,7 +299,8 @@ def _liveness(
         unfused += tuple((*bits[v], v, 2 * 4 // program.values[v].itemsize - 1) for v in
                          (op.outputs[0] for op in ops if op.primitive == "random_bits") if v in bits)
     regions = tuple((i, op.regions) for i, op in enumerate(ops) if op.regions)
-    got = _Liveness(ops, values, regions, {op.id: i for i, op in enumerate(ops)}, unfused)
+    index = program.memo_of(ops, ("op_index",), lambda: {op.id: i for i, op in enumerate(ops)})
+    got = _Liveness(ops, values, regions, index, unfused)
     if isinstance(ops, tuple):  # immutable: safe to reuse while the memo holds it
         program.memo[key] = got
     return got
