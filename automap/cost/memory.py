@@ -13,8 +13,9 @@ of its body (one iteration) while it runs; its stacked outputs are ordinary valu
 a loop body on its own: its gathers first, its gradient reductions last (:func:`_reshard_spans`).
 On a CPU topology the buffers XLA:CPU's compiler adds are counted too (:mod:`automap.cost.xla_cpu`:
 a reduce-scatter's whole reduced copy, a gather's layout copy, a convolution's transposed operands;
-here: what its reductions do not fuse (:func:`_reduction_operands`), and the random bits' two
-threefry halves).
+here: what its reductions do not fuse (:func:`_reduction_operands` of the library fusions,
+:func:`automap.cost.xla_cpu.library_fused`; the operand of a reduce-window,
+:func:`automap.cost.xla_cpu.windowed_reductions`), and the random bits' two threefry halves).
 """
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
-from automap.cost.xla_cpu import constants_as_read, conv_layout_copies, cpu_spans, from_constants, replaces_workspace
+from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
+                                  replaces_workspace, windowed_reductions)
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -65,38 +67,47 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
     return keep
 
 
-def _reduction_operands(ops: Sequence[Op], keep: set[int], values: Mapping) -> tuple[set[int], list[tuple[int, int, int]]]:
-    """What XLA:CPU's reductions leave outside their fusion (a library fusion of the
-    elementwise work that feeds them alone): walking up a reduction's fused operands, a value
+def _reduction_operands(
+    program: Program, ops: Sequence[Op], keep: set[int], library: Collection[int],
+) -> tuple[set[int], list[tuple[int, int, int]]]:
+    """What XLA:CPU's reductions at positions ``library`` (:func:`automap.cost.xla_cpu.library_fused`)
+    leave outside their fusion (a library fusion of the elementwise work that feeds them alone;
+    a smaller reduction's loop fusion computes all of it inline): walking up a reduction's fused operands, a value
     another op reads too is computed into a buffer of its own (the first result, values), and an
     operand broadcast to more elements (non-scalar: a ``broadcast_in_dim``, or an elementwise op's
     unit dims) is a buffer of the broadcast size, made where its source is made (XLA schedules it
     there) and kept until the last reduction that reads it (the second, as (first op, last op,
     broadcast value))."""
-    readers: collections.Counter[int] = collections.Counter()
-    for op in ops:
-        readers.update(set(op.inputs))
-    made = {v: (i, op) for i, op in enumerate(ops) for v in op.outputs}
-    spreads: collections.Counter[tuple[int, tuple]] = collections.Counter()  # (source, shape) -> ops spreading it
-    for op in ops:
-        if op.outputs and not op.regions:
-            n = math.prod(values[op.outputs[0]].shape)
-            spreads.update({(u, values[op.outputs[0]].shape) for u in op.inputs if 1 < math.prod(values[u].shape) < n})
+    values = program.values
+
+    def graph() -> tuple[Mapping[int, int], Mapping[int, tuple[int, Op]], Mapping[tuple[int, tuple], int]]:
+        readers: collections.Counter[int] = collections.Counter()
+        for op in ops:
+            readers.update(set(op.inputs))
+        made = {v: (i, op) for i, op in enumerate(ops) for v in op.outputs}
+        spreads: collections.Counter[tuple[int, tuple]] = collections.Counter()  # (source, shape) -> ops spreading it
+        for op in ops:
+            if op.outputs and not op.regions:
+                n = math.prod(values[op.outputs[0]].shape)
+                spreads.update({(u, values[op.outputs[0]].shape) for u in op.inputs
+                                if 1 < math.prod(values[u].shape) < n})
+        return readers, made, spreads
+
+    readers, made, spreads = program.memo_of(ops, ("reduction_graph",), graph)
     cuts: set[int] = set()
     spread: dict[tuple[int, tuple], list[int]] = {}  # (source, shape) -> [first, last, broadcast value]
-    for at, op in enumerate(ops):
-        if traits_of(op.primitive).memory != "result" or op.regions:
-            continue
+    for at in sorted(library):
+        op = ops[at]
         stack = list(op.inputs)
         while stack:
             v = stack.pop()
             if v not in made or v in keep or v in cuts:
                 continue
-            if readers[v] > 1:
+            if readers.get(v, 0) > 1:
                 cuts.add(v)
                 continue
             for u in made[v][1].inputs:
-                if spreads[(u, values[v].shape)] > 1:  # one broadcast (XLA's CSE) that other fusions read
+                if spreads.get((u, values[v].shape), 0) > 1:  # one broadcast (XLA's CSE) that other fusions read
                     got = spread.setdefault((u, values[v].shape), [made.get(u, (0,))[0], at, v])
                     got[1] = max(got[1], at)
                 else:
@@ -121,9 +132,12 @@ def temp_peak(
     ``body``: ``ops`` are a loop body, which XLA schedules otherwise (:func:`_reshard_spans`);
     ``platform``: what that platform's compiler adds (XLA:CPU: :func:`automap.cost.xla_cpu.cpu_spans`)."""
     cpu = platform == "cpu"
-    live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu)
-    index = live_ranges.index
     size = _sizer(state)
+    library = library_fused(program, ops, size) if cpu else frozenset()
+    windowed = windowed_reductions(program, ops, state, library) if cpu else frozenset()
+    live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu, library=library,
+                            windowed=windowed)
+    index = live_ranges.index
     first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
     read_as = constants_as_read(program, ops, size) if cpu and not body else {}
     spans = [(0 if v in first else s, e, read_as.get(v, size(v))) for v, s, e in live_ranges.values]
@@ -167,23 +181,27 @@ def _reshard_spans(
     program: Program, ops: Sequence[Op], index: Mapping[int, int],
     reshards: Mapping[int, Sequence[Reshard]], body: bool,
 ) -> list[tuple[int, int, int]]:
-    """(first, last, bytes) of the temporaries the reshards at ``ops`` make: a gathered operand
-    from its first use to its last (XLA gathers it once and keeps it), the whole partial result
-    of a reduce-scatter at its op.
+    """(first, last, bytes) of the temporaries the reshards at ``ops`` make: a resharded operand
+    from when its collective runs to its last use (XLA reshards it once and keeps it), the whole
+    partial result of a reduce-scatter at its op.
 
-    In a loop ``body`` XLA schedules differently (``benchmarks/fidelity.py``, the scanned GPT
-    under FSDP): a collective runs as soon as its operand exists, so an operand gathered from a
-    body input (the iteration's slice of a stacked parameter) is gathered at the body's start;
-    and the body's reduce-scatters are combined into one collective after its last op, so each
-    partial result stays whole until then, next to its reduced copy (XLA:CPU all-reduces, then
-    slices); that step is position ``len(ops)``.""" 
+    XLA's schedule runs a collective as soon as its operand exists: a parameter's gather at the
+    start of the step, a forward value's gather or all-to-all for the backward right after the
+    value is made (the held-out MLP-Mixer's whole-mesh FSDP: activations gathered in the forward
+    for the backward's weight gradients, est 154,792 -> 281,768 B vs XLA's 274,696; nnx
+    transformer fsdp_tp: all-to-alls of the forward's activations, est/XLA 0.77 -> 0.94). In a
+    loop ``body`` (``benchmarks/fidelity.py``, the scanned GPT under FSDP) an operand gathered
+    from a body input (the iteration's slice of a stacked parameter) is gathered at the body's
+    start; and the body's reduce-scatters are combined into one collective after its last op, so
+    each partial result stays whole until then, next to its reduced copy (XLA:CPU all-reduces,
+    then slices); that step is position ``len(ops)``.""" 
     copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
-    made = _producers(program, ops) if body else {}
+    made = _producers(program, ops)
     end = len(ops)  # in a body: the step after its last op
     for i, rs in sorted((index[op], rs) for op, rs in reshards.items() if op in index):  # in program order
         for r in rs:
             if r.where == "operand":
-                first = made.get(r.value, 0) if body else i
+                first = made.get(r.value, 0) if body else (made[r.value] + 1 if r.value in made else 0)
                 got = copies.setdefault((r.value, r.kind, r.axes), [min(first, i), i, r.bytes])
                 got[1] = i
             elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
@@ -231,21 +249,24 @@ class _Liveness:
 
 def _liveness(
     program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_copies: bool = False, cpu: bool = False,
+    library: frozenset[int] = frozenset(), windowed: frozenset[int] = frozenset(),
 ) -> _Liveness:
     """``conv_copies``: a convolution reads a transposed copy of each operand XLA:CPU transposes
     (:func:`automap.cost.xla_cpu.conv_layout_copies`), not the operand itself (the copy's span is
     :func:`automap.cost.xla_cpu.cpu_spans`'); ``cpu``: XLA:CPU's fusions, which leave some of a
-    reduction's operands outside (:func:`_reduction_operands`), and its threefry, which holds
-    random bits as two uint32 halves."""
-    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu)
+    reduction's operands outside (:func:`_reduction_operands` of the reductions at positions
+    ``library``; the operand of each reduction at positions ``windowed``, a buffer that a
+    reduce-window reads: :func:`automap.cost.xla_cpu.windowed_reductions`), and its threefry,
+    which holds random bits as two uint32 halves."""
+    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu, library, windowed)
     got = program.memo.get(key)
     if got is not None and got.ops is ops:
         return got
-    keep = materialized(ops, outputs)
+    keep = set(program.memo_of(ops, ("materialized", tuple(outputs)), lambda: frozenset(materialized(ops, outputs))))
     unfused: tuple[tuple[int, int, int, int], ...] = ()
     if cpu:
-        cuts, spread = _reduction_operands(ops, keep, program.values)
-        keep |= cuts
+        cuts, spread = _reduction_operands(program, ops, keep, library)
+        keep |= cuts | {ops[i].inputs[0] for i in windowed}
         unfused = tuple((s, e, v, 1) for s, e, v in spread)
     out_set = set(outputs)
     own_copies = _copied_in_place(program, ops, outputs) if conv_copies else frozenset()
@@ -278,7 +299,8 @@ def _liveness(
         unfused += tuple((*bits[v], v, 2 * 4 // program.values[v].itemsize - 1) for v in
                          (op.outputs[0] for op in ops if op.primitive == "random_bits") if v in bits)
     regions = tuple((i, op.regions) for i, op in enumerate(ops) if op.regions)
-    got = _Liveness(ops, values, regions, {op.id: i for i, op in enumerate(ops)}, unfused)
+    index = program.memo_of(ops, ("op_index",), lambda: {op.id: i for i, op in enumerate(ops)})
+    got = _Liveness(ops, values, regions, index, unfused)
     if isinstance(ops, tuple):  # immutable: safe to reuse while the memo holds it
         program.memo[key] = got
     return got

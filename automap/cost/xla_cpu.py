@@ -14,8 +14,13 @@ from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState
 
-__all__ = ["conv_layout_copies", "cpu_spans", "from_constants", "gathers_minor", "pool_gradient_spans",
-           "replaces_workspace"]
+__all__ = ["conv_layout_copies", "cpu_spans", "from_constants", "gathers_minor", "library_fused",
+           "pool_gradient_spans", "replaces_workspace", "windowed_reductions"]
+
+LIBRARY_ELEMENTS = 4096
+"""The fewest elements on a device of an op's result or operand for XLA:CPU to prefer its YNNPACK
+library fusions over its own loop fusion (``IsInstructionPreferredByYnn``,
+``xla/backends/cpu/ynn_support.cc``)."""
 
 
 def conv_layout_copies(op: Op) -> tuple[bool, bool, bool]:
@@ -199,6 +204,48 @@ def constants_as_read(program: Program, ops: Sequence[Op], size: Callable[[int],
         if size(o) < out.get(v, size(v)):
             out[v] = size(o)
     return out
+
+
+def library_fused(program: Program, ops: Sequence[Op], size: Callable[[int], int]) -> frozenset[int]:
+    """Positions in ``ops`` of the ops whose result is a buffer read from fused operands (a
+    reduction) that XLA:CPU runs as a YNNPACK library fusion: those whose result or an operand
+    holds at least :data:`LIBRARY_ELEMENTS` elements on a device (``size``: bytes per device).
+    A smaller one is a loop fusion, which computes every elementwise operand inline (an RMSNorm
+    of f32[2,16,64] a device: XLA's reductions read nothing but the norm's input; of
+    f32[4,16,64]: library fusions, which leave out what :func:`automap.cost.memory._reduction_operands`
+    counts)."""
+    def candidates() -> tuple[tuple[int, tuple[int, ...]], ...]:
+        return tuple((i, (*op.inputs, *op.outputs)) for i, op in enumerate(ops)
+                     if traits_of(op.primitive).memory == "result" and not op.regions)
+
+    values = program.values
+    return frozenset(i for i, vs in program.memo_of(ops, ("library_candidates",), candidates)
+                     if max(size(v) // max(values[v].itemsize, 1) for v in vs) >= LIBRARY_ELEMENTS)
+
+
+TREE_REDUCTION_WINDOW = 32
+"""XLA:CPU's ``TreeReductionRewriter`` window: a reduction of a dim longer than this is a
+reduce-window of that size, then a reduce (``xla/hlo/transforms/simplifiers/tree_reduction_rewriter.cc``)."""
+
+def windowed_reductions(program: Program, ops: Sequence[Op], state: ShardingState,
+                        library: Collection[int]) -> frozenset[int]:
+    """Positions in ``ops`` of the reductions XLA:CPU runs as a reduce-window, then a reduce:
+    those not in ``library`` (:func:`library_fused`) that reduce a dim of more than
+    :data:`TREE_REDUCTION_WINDOW` elements on a device. XLA fuses nothing into the
+    reduce-window, so it reads the reduction's operand from a buffer of its own (an RMSNorm of
+    f32[2,16,64] a device: its ``x * x`` and its gradient's row terms are buffers)."""
+    def candidates() -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+        return tuple((i, op.inputs[0], tuple(op.params["axes"])) for i, op in enumerate(ops)  # reduce_sum, ...
+                     if traits_of(op.primitive).memory == "result" and "axes" in op.params and not op.regions)
+
+    out = set()
+    for i, v, axes in program.memo_of(ops, ("reduction_candidates",), candidates):
+        if i in library:
+            continue
+        shape, spec = program.values[v].shape, state.spec(v)
+        if any(shape[d] // math.prod(state.axes[a] for a in spec[d]) > TREE_REDUCTION_WINDOW for d in axes):
+            out.add(i)
+    return frozenset(out)
 
 
 def replaces_workspace(op: Op, body: bool) -> bool:
