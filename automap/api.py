@@ -310,7 +310,7 @@ class Partitioned:
         self._compiled: dict[Any, Any] = {}
         self._out_static: dict[Any, list] = {}  # plan key -> [static part of the outputs]
         self._placements: dict[int, list[NamedSharding]] = {}  # id(plan) -> its input leaves' shardings
-        self._dispatch: dict[Any, Callable] = {}  # arguments' structure, avals, shardings -> the compiled call
+        self._dispatch: dict[Any, Callable] = {}  # arguments' structure, shapes, dtypes -> the compiled call
         functools.update_wrapper(self, fn)
 
     # -- planning ------------------------------------------------------------------------------
@@ -417,8 +417,7 @@ class Partitioned:
                 except (TypeError, ValueError, RuntimeError):  # e.g. a donated argument: the full path says why
                     pass
         with _compat.planning_mesh_context(self.mesh):  # a caller's jax.set_mesh: its Auto view
-            bound = self._binder.bind(args, kwargs)  # keywords bound
-            styles, pure, plan, out_static = self._prepare(bound)
+            styles, pure, plan, out_static = self._prepare(self._binder.bind(args, kwargs))  # keywords bound
             leaves = plan.check_args(pure, self.static_argnums)
             shardings = self._in_shardings(plan)
             placed = [place(x, s, path) for x, s, path in zip(leaves, shardings, plan.program.input_paths, strict=True)]

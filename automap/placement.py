@@ -98,8 +98,7 @@ def placed_call(run: Callable, shardings: Sequence[NamedSharding], paths: Sequen
             except ValueError:  # an argument committed to other shardings
                 misses[0] += 1
         if outs is None:
-            placed = [x if getattr(x, "sharding", None) == s and not x.is_deleted() else place(x, s, p)
-                      for x, s, p in zip(leaves, shardings, paths, strict=True)]  # place: moves, or says why not
+            placed = [place(x, s, p) for x, s, p in zip(leaves, shardings, paths, strict=True)]
             with _compat.planning_mesh_context(mesh):
                 outs = on_mesh(run(*placed), mesh)
         result = tree_util.tree_unflatten(out_tree, outs)

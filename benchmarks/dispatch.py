@@ -13,7 +13,6 @@ on top of the program (target: 1.0 within noise).
 import argparse
 import os
 import statistics
-import sys
 import time
 
 
@@ -31,7 +30,6 @@ def main() -> None:
     a = ap.parse_args()
     if a.devices > 1:
         os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={a.devices}")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import _isolate  # noqa: F401  (first: keeps benchmarks/search.py from shadowing the package)
 
     import jax

@@ -200,13 +200,13 @@ class Repair:
     name: str = "repair"
 
     def __call__(self, space: SearchSpace, found: Found, objective: Objective) -> Found:
-        over = sorted(budget_excluded(found), key=lambda p: objective.key(p.score))  # fast, and the least over
+        over = sorted(_budget_excluded(found), key=lambda p: objective.key(p.score))  # fast, and the least over
         starts = list({p.state.key(): p for p in over}.values())[:self.starts]
         climb = Polish(self.steps, budget=self.budget)
         return found.met([climb(space, Found(start), objective).best for start in starts], objective)
 
 
-def budget_excluded(found: Found) -> list[Plan]:
+def _budget_excluded(found: Found) -> list[Plan]:
     """The plans met faster than the best that the memory budget excludes."""
     return [p for p in found.pool if not p.score.feasible and p.score.time_s < found.best.score.time_s]
 

@@ -227,6 +227,7 @@ TREE_REDUCTION_WINDOW = 32
 """XLA:CPU's ``TreeReductionRewriter`` window: a reduction of a dim longer than this is a
 reduce-window of that size, then a reduce (``xla/hlo/transforms/simplifiers/tree_reduction_rewriter.cc``)."""
 
+
 def windowed_reductions(program: Program, ops: Sequence[Op], state: ShardingState,
                         library: Collection[int]) -> frozenset[int]:
     """Positions in ``ops`` of the reductions XLA:CPU runs as a reduce-window, then a reduce:
