@@ -1,4 +1,5 @@
-"""automap.ir.lower: calls inlined, control flow kept as regions, module paths and phases."""
+"""automap.ir.lower: calls inlined, control flow kept as regions, module paths and phases, selects
+of one value folded."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -6,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+import automap
 from automap.ir.lower import lower, module_path, phase_of
 from automap.trace import trace
 
@@ -244,3 +246,20 @@ def test_literals_and_consts_are_values():
     const = next(p.value(v) for v in add.inputs if p.value(v).kind == "const")
     assert const.name == "const"
     np.testing.assert_array_equal(np.asarray(const.literal), table)
+
+
+def _selects(p, x, order):
+    same = jnp.where(p, x, x)  # one value twice
+    zeros = jnp.where(p, jnp.zeros_like(x), jnp.zeros_like(x))  # splats of one scalar
+    other = jnp.where(p, jnp.zeros_like(x), jnp.ones_like(x))  # splats of two scalars: kept
+    put = jax.jvp(lambda y: jnp.zeros_like(y).at[order].set(y), (x,), (x,))[1]
+    return same + zeros + other + put
+
+
+def test_a_select_of_one_value_is_that_value_and_replays_as_the_function():
+    args = (np.arange(32) % 3 == 0, np.random.RandomState(0).randn(32).astype(np.float32), np.arange(32)[::-1])
+    prog = program(_selects, *args)
+    # left: the kept select, the index's wrap-around (order < 0) and the tangent's updates mask
+    assert [op.primitive for op in prog.ops].count("select_n") == 3
+    f = automap.partition(_selects, mesh=automap.make_mesh({"data": 2, "model": 4}), pins="all")
+    np.testing.assert_array_equal(np.asarray(f(*args)), np.asarray(_selects(*args)))
