@@ -147,7 +147,9 @@ def _ragged_dot_general(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, 
       reduction (expert parallel: each device multiplies the rows of its experts, zeros elsewhere,
       and the partial results sum); ``k`` a reduction; ``n`` parallel.
     - ragged contracting dim (the weight gradient ``[m,k] x [m,n] -> [g,k,n]``): the ragged dim
-      and the result's group dim stay whole, the free dims are parallel.
+      stays whole; the result's group dim is parallel, in no operand (each device computes the
+      groups it holds from every row: XLA splits the dense expansion's FLOPs so, 2 all-gathers
+      of the group sizes aside); the free dims are parallel.
     - a ragged batch dim: whole.
 
     ``group_sizes`` stays whole."""
@@ -162,7 +164,7 @@ def _ragged_dot_general(ctx: RuleContext, *, ragged_dot_dimension_numbers: Any, 
     lterm, rterm, out = _dot_terms(lhs.ndim, rhs.ndim, dn.dot_dimension_numbers, rhs_skip=groups)
     blocked = lterm[ragged]
     if ragged in lc:
-        out = ["."] + out  # the group dim leads the result
+        out = [letters(1, skip="".join(lterm + rterm + out))] + out  # the group dim leads the result
     elif groups:
         g = letters(1, skip="".join(lterm + rterm))
         rterm[groups[0]] = g  # in no result: a reduction

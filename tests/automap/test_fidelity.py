@@ -397,6 +397,32 @@ def test_the_final_choice_under_a_budget_keeps_a_candidate_xla_measures_within_i
     assert final_choice(*candidates, measured.__getitem__, budget=1000)[0] == "a"
 
 
+def test_the_final_choice_moves_only_to_a_candidate_no_heavier_in_either_figure():
+    """The corpus GShard MoE (batch 8, mesh 2x4), XLA's measure of its final candidates (bytes
+    sent, memory) and their estimated step times: ``dp + expert_parallel`` (p) beats the answer
+    (a); a plan leaner in memory at the same bytes (y) beats p. Kept before: the fastest plan no
+    candidate dominates, x, slower than p and sending a third more bytes (1.21x the hand-written
+    expert plan's 54,742 B); now y, no heavier than p or a in either figure."""
+    from types import SimpleNamespace
+
+    from automap.arbiter import final_choice
+    from automap.measure import CollectiveOp, Measurement, MemoryStat
+
+    def m(sent, memory):
+        op = CollectiveOp("all-gather", 2 * sent, 1, [[0, 1]], "ag", "main", group_size=2)
+        return Measurement({}, MemoryStat(memory, 0, 0, 0), 0, [op])
+
+    measured = {"a": m(123_846, 528_932), "n": m(65_536, 563_917), "p": m(49_267, 211_476),
+                "x": m(66_135, 133_516), "y": m(49_425, 141_644)}
+    fast = lambda t: SimpleNamespace(time_s=t)  # noqa: E731
+    others = tuple((f"expert ({k})", k, fast(t)) for k, t in (("p", 0.476), ("x", 0.942), ("y", 0.990)))
+    state, note = final_choice(("answer", "a", fast(0.304)), (("next best", "n", fast(0.372)),) + others,
+                               measured.__getitem__)
+    assert (state, note.split(";")[0]) == ("y", "search arbiter: kept the expert (y)")
+    # without y nothing beats p: the fastest plan leaner than the answer is kept, x not
+    assert final_choice(("answer", "a", fast(0.304)), others[:2], measured.__getitem__)[0] == "p"
+
+
 def test_every_final_candidate_over_the_budget_by_measure_searches_again_under_a_scaled_budget(monkeypatch):
     """An nnx ViT under 0.8x its leanest expert plan's memory: every final candidate the search
     estimated within the budget measured over it (the estimate 0.91x XLA's); the search runs

@@ -109,7 +109,8 @@ ROWS = [
     row("ragged_dot_experts", ragged, [(16, 8), (4, 8, 32)], {"w": P("model")}, P(), {"all-reduce", "all-gather"},
         model={"all-reduce"}),
     row("ragged_dot_rows_blocked", ragged, [(16, 8), (4, 8, 32)], {"x": P("data")}, P(), {"all-gather"}),
-    # the weight gradient: the ragged contracting dim and the experts dim of the result stay whole
+    # the weight gradient: the ragged contracting dim stays whole (the experts dim of the result is
+    # parallel, in no operand: tests/automap/cost/test_against_xla.py)
     row("ragged_dot_weight_grad", ragged_weight_grad, [(16, 8), (4, 8, 32)], {"w": P(None, None, "model")},
         P(None, None, "model"), set()),
     # block-scaled dots: a dot_general whose scales follow their operands' free dims
