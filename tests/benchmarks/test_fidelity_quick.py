@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+from bench_module import load
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLANS = ["data_parallel", "manual_dp", "manual_fsdp"]
 
@@ -38,19 +40,6 @@ def test_fidelity_table(tmp_path):
     assert "fidelity (3 plans" in summary and "jit parity (2 manual plans" in summary
 
 
-def _fidelity():
-    import importlib.util
-
-    import search  # noqa: F401  (the packages first: benchmarks/ holds a search.py of its own)
-    import tactics  # noqa: F401
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # for its `import _isolate`, which takes it off again
-    spec = importlib.util.spec_from_file_location("bench_fidelity", os.path.join(ROOT, "benchmarks", "fidelity.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_manual_plans_of_an_optimizer_with_factored_state():
     """Adafactor keeps a row and a column vector per matrix (and a (1,) placeholder per factored
     leaf): the manual plans give a parameter's spec only to the state leaves of its shape, and
@@ -64,7 +53,7 @@ def test_manual_plans_of_an_optimizer_with_factored_state():
     import tactics
     from automap import zoo
 
-    bench = _fidelity()
+    bench = load("fidelity")
     mlp = zoo.mlp(zoo.MLPConfig(d_in=32, hidden=(64,), d_out=32, batch=8))
     optimizer = optax.adafactor(1e-3, min_dim_size_to_factor=16)
     params, batch = mlp.abstract()[0]["params"], mlp.abstract()[1]
