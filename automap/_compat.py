@@ -85,7 +85,10 @@ def replay_eqn(eqn: Any, args: list[Any]) -> list[Any]:
     invars = [Var(a.aval) for a in eqn.invars]  # literals too: every operand comes from args
     outvars = [Var(v.aval) for v in eqn.outvars]
     one = jex_core.new_jaxpr_eqn(invars, outvars, eqn.primitive, eqn.params, eqn.effects, eqn.source_info)
-    jaxpr = Jaxpr((), invars, outvars, [one], eqn.effects)
+    paths = tuple(f"result[{i}]" for i in range(len(outvars)))
+    info = jax.api_util.debug_info(f"automap replay of {eqn.primitive}", lambda *a: None, tuple(args), {},
+                                   result_paths_thunk=lambda: paths)
+    jaxpr = Jaxpr((), invars, outvars, [one], eqn.effects, debug_info=info)  # without: a DeprecationWarning
     return list(jex_core.jaxpr_as_fun(ClosedJaxpr(jaxpr, ()))(*args))
 
 

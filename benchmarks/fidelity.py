@@ -116,12 +116,17 @@ def _leaves(tree: Any) -> dict[str, tuple]:
     return {path_str("", p): tuple(leaf.shape) for p, leaf in tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def _rules(params: dict[str, P], batch: Any, batch_spec: Callable[[tuple], P]) -> list[tuple[str, P]]:
-    """Manual rules pinning every input: each parameter and its optimizer moments (the same path
-    suffix under ``state/``; longest paths first, so that a nested path wins over its suffix), the
-    rest of the state replicated, and each batch leaf."""
-    rules = [(r"^state/(.*/)?" + re.escape(path) + "$", spec)
-             for path, spec in sorted(params.items(), key=lambda kv: -len(kv[0]))]
+def _rules(params: dict[str, P], state: Any, batch: Any, batch_spec: Callable[[tuple], P]) -> list[tuple[str, P]]:
+    """Manual rules pinning every input: each parameter and each optimizer-state leaf of its shape
+    under the same path suffix (Adam's moments; not Adafactor's factored rows and columns, nor a
+    scalar count), the longest suffix first; the rest of the state replicated; each batch leaf."""
+    shapes = _leaves(state["params"])
+    by_length = sorted(params.items(), key=lambda kv: -len(kv[0]))
+    rules = []
+    for leaf, shape in _leaves(state).items():
+        owner = next((path for path, _ in by_length if leaf == path or leaf.endswith("/" + path)), None)
+        if owner is not None and shapes.get(owner) == shape:
+            rules.append(("^state/" + re.escape(leaf) + "$", params[owner]))
     rules.append(("^state/", P()))
     return rules + [("^batch/" + re.escape(path) + "$", batch_spec(shape)) for path, shape in _leaves(batch).items()]
 
@@ -142,9 +147,9 @@ def manual_rules(name: str, w: Any, mesh: Any) -> dict[str, list[tuple[str, P]]]
     params = _leaves(state["params"])
     dp = _batch_dim0((ALL, "data"))
     return {
-        "manual_dp": _rules({p: P() for p in params}, batch, dp),
-        "manual_megatron_dp": _rules(_megatron_params(name, w, mesh), batch, _batch_dim0(("data",))),
-        "manual_fsdp": _rules({p: _fsdp_spec(s) for p, s in params.items()}, batch, dp),
+        "manual_dp": _rules({p: P() for p in params}, state, batch, dp),
+        "manual_megatron_dp": _rules(_megatron_params(name, w, mesh), state, batch, _batch_dim0(("data",))),
+        "manual_fsdp": _rules({p: _fsdp_spec(s) for p, s in params.items()}, state, batch, dp),
     }
 
 

@@ -96,7 +96,25 @@ def find_candidates(program: Program, state_inputs: tuple[int, ...]) -> tuple[li
         used.add(weight)
         for r in best.rows:
             used.add(other_weight(r, weights))
-    return found, why_not
+    return _without_bypasses(program, found, weights, users, why_not), why_not
+
+
+def _without_bypasses(program: Program, found: list[Candidate], weights: set[int], users, why_not: list[str]):
+    """The candidates less each column whose row contractions feed another pair's row: a low-rank
+    bypass inside that pair's column region (LoRA's ``x @ A @ B`` added to ``x @ W``). Its pair
+    would make ``B``'s result a partial sum all-reduced inside the region; left alone, ``B`` takes
+    the region's tiling on its output feature from propagation and ``A`` stays whole."""
+    rows_of = {id(c): {r.id for r in c.rows} for c in found if c.kind == "column"}
+    kept = []
+    for c in found:
+        others = set().union(*(ids for key, ids in rows_of.items() if key != id(c))) if c.kind == "column" else set()
+        fed = {end.id for r in c.rows for _, rd, _ in _free_dims(r, r.inputs.index(other_weight(r, weights)))
+               for end in follow(program, r.outputs[0], rd, weights, users=users).ops("contract_weight")}
+        if fed & others:
+            why_not.append(f"{_label(program, c.op)}: a bypass feeding another pair's row, left to propagation")
+            continue
+        kept.append(c)
+    return kept
 
 
 def other_weight(op: Op, weights: set[int]) -> int:

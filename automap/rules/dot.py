@@ -7,7 +7,7 @@ import math
 from typing import Any, Sequence
 
 from automap.rules.registry import Factor, FactorRule, RuleContext, einsum, letters, register, replicated
-from automap.rules.traits import ELEMENTWISE, contraction
+from automap.rules.traits import CPU_BF16_IN_F32, ELEMENTWISE, contraction
 
 
 def _dot_contracted(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> tuple[tuple[int, ...], ...]:
@@ -61,11 +61,6 @@ def _dot_terms(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any, rhs_skip: t
             rterm[j] = next(pool)
             rfree.append(rterm[j])
     return lterm, rterm, batch + lfree + rfree
-
-
-# XLA:CPU has no bf16 GEMM or convolution kernel: it computes them in f32 and converts the result
-# after, so a split contraction's partial sums are all-reduced in f32 (twice the bytes)
-CPU_BF16_IN_F32 = (("cpu", "bfloat16", "float32"),)
 
 
 @register("dot_general", traits=contraction(_dot_contracted, platform_upcast=CPU_BF16_IN_F32))

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from automap.rules.registry import FactorRule, RuleContext, einsum, letters, register
-from automap.rules.traits import LOOKUP, SCATTER, SLICE, UPDATE
+from automap.rules.traits import CPU_BF16_IN_F32, LOOKUP, SCATTER, SLICE, UPDATE
 
 
 @register("gather", traits=LOOKUP)
@@ -78,7 +78,8 @@ def _scatter_rule(ctx: RuleContext, dn: Any, combine: bool) -> FactorRule:
 
 @register("scatter-sub", "scatter-mul", "scatter-min", "scatter-max", "scatter_sub", "scatter_mul", "scatter_min", "scatter_max",
           traits=SCATTER)
-@register("scatter-add", "scatter_add", traits=dataclasses.replace(SCATTER, emit="pin"))  # embedding gradients
+@register("scatter-add", "scatter_add",  # embedding gradients; XLA:CPU adds bf16 in f32 (partial sums moved in f32)
+          traits=dataclasses.replace(SCATTER, emit="pin", platform_upcast=CPU_BF16_IN_F32))
 def _scatter_combine(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
     return _scatter_rule(ctx, dimension_numbers, combine=True)
 

@@ -6,9 +6,12 @@ from typing import Any, Sequence
 from automap.rules.registry import (
     FactorRule, RuleContext, def_blocked_along, def_reduce, einsum, letters, register, replicated,
 )
-from automap.rules.traits import ELEMENTWISE, KERNEL, POOLING_GRADIENT, WINDOW_REDUCTION, Traits, output_elements
+from automap.rules.traits import (
+    ELEMENTWISE, KERNEL, POOLING_GRADIENT, REDUCTION_IN_F32_ON_CPU, WINDOW_REDUCTION, Traits, output_elements,
+)
 
-def_reduce("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor")
+def_reduce("reduce_sum", "reduce_max", "reduce_min", traits=REDUCTION_IN_F32_ON_CPU)
+def_reduce("reduce_prod", "reduce_and", "reduce_or", "reduce_xor")
 def_blocked_along("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", param="axis")
 def_blocked_along("sort", param="dimension")
 

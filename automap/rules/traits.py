@@ -226,6 +226,10 @@ SLICE = dataclasses.replace(DATA_MOVEMENT, emit="whole_cut_operand")
 ASSEMBLY = Traits(no_flops, "kernel", "result")  # concatenate, pad: a new buffer from fused operands
 UPDATE = Traits(no_flops, "kernel", "kernel", in_place=True)  # in-place updates of a buffer
 REDUCTION = Traits(input_elements, "kernel", "result")
+# XLA:CPU has no bf16 GEMM, convolution, reduction or scatter-add kernel: it computes them in f32 and converts
+# the result after, so a split contraction's or sum's partial results are all-reduced in f32 (twice the bytes)
+CPU_BF16_IN_F32 = (("cpu", "bfloat16", "float32"),)
+REDUCTION_IN_F32_ON_CPU = dataclasses.replace(REDUCTION, platform_upcast=CPU_BF16_IN_F32)  # sum, max, min
 WINDOW_REDUCTION = Traits(input_elements, "kernel", "fused")  # pooling
 KERNEL = Traits(input_elements, "kernel", "kernel")  # sorts, cumulative ops, arg reductions
 

@@ -1,6 +1,7 @@
 """automap.emit: the replayed program computes what the function computes, with the plan's
 constraints (scan bodies included), remat kept, state shardings tied, inputs placed, donation."""
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -386,3 +387,18 @@ def test_donate_argnums_counts_static_args():
     assert not batch["x"].is_deleted()
     np.testing.assert_allclose(np.asarray(new["w"]), 2.0)
     np.testing.assert_allclose(float(total), BATCH["x"].sum(), rtol=1e-5)
+
+
+def test_replayed_higher_order_ops_carry_debug_info():
+    """A cond (any op with a jaxpr in its params) is replayed as a one-equation jaxpr; without debug
+    info JAX deprecates it (a DeprecationWarning per replay, thousands in one default search)."""
+    def step(w, x):
+        return jax.lax.cond(x.sum() > 0, lambda v: jnp.sin(v @ w), lambda v: jnp.cos(v @ w), x).sum()
+
+    w, x = rand(0, 8, 8), rand(1, 8, 8)
+    sharded = automap.automap(step, mesh=MESH, tactics=[tactics.data_parallel("data")], search=None)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = sharded(w, x)
+    assert not [r for r in record if "DebugInfo" in str(r.message)]
+    close(out, step(w, x))

@@ -1,25 +1,18 @@
 """``benchmarks/ablation.py`` on one tiny workload and two variants: the variants are the default
 chain less one stage at a time, the full chain run by :class:`search.ChainSearch` plans as
 ``search.MCTS()`` does, and the markdown is written only with --out."""
-import importlib.util
 import os
-import sys
 
 import automap
 import search
 from automap import zoo
+from bench_module import load
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = zoo.MLPConfig(d_in=8, hidden=(16,), d_out=4, batch=8)
 
 
 def _ablation():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # for its `import _isolate`, which takes it off again
-    spec = importlib.util.spec_from_file_location("bench_ablation", os.path.join(ROOT, "benchmarks", "ablation.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load("ablation")
 
 
 def test_variants_drop_one_stage_each_and_only_compose_holds_the_ceiling():

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+from bench_module import load
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLANS = ["data_parallel", "manual_dp", "manual_fsdp"]
 
@@ -36,3 +38,39 @@ def test_fidelity_table(tmp_path):
         assert all(math.isfinite(float(p)) and float(p) > 0 for p in parity), row
     summary = "\n".join(lines[lines.index("## Summary"):])
     assert "fidelity (3 plans" in summary and "jit parity (2 manual plans" in summary
+
+
+def test_manual_plans_of_an_optimizer_with_factored_state():
+    """Adafactor keeps a row and a column vector per matrix (and a (1,) placeholder per factored
+    leaf): the manual plans give a parameter's spec only to the state leaves of its shape, and
+    automap plans them (a rank-2 spec on a vector was a ShardingError)."""
+    import dataclasses
+
+    import jax
+    import optax
+
+    import automap
+    import tactics
+    from automap import zoo
+
+    bench = load("fidelity")
+    mlp = zoo.mlp(zoo.MLPConfig(d_in=32, hidden=(64,), d_out=32, batch=8))
+    optimizer = optax.adafactor(1e-3, min_dim_size_to_factor=16)
+    params, batch = mlp.abstract()[0]["params"], mlp.abstract()[1]
+    state = {"params": params, "opt_state": jax.eval_shape(optimizer.init, params)}
+    w = dataclasses.replace(mlp, abstract=lambda: (state, batch))
+
+    def step(state, batch):
+        grads = jax.grad(mlp.loss_fn)(state["params"], batch)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+
+    rules = bench.manual_rules("adafactor_mlp", w, automap.make_mesh(bench.MESH))["manual_fsdp"]
+    plan = automap.automap(step, mesh=automap.make_mesh(bench.MESH), tactics=[tactics.manual(rules)],
+                           search=None).plan(state, batch)
+    flat = jax.tree_util.tree_flatten_with_path(plan.in_shardings[0], is_leaf=lambda s: hasattr(s, "spec"))[0]
+    specs = {jax.tree_util.keystr(p): tuple(s.spec) for p, s in flat}
+    kernel = [k for k in specs if k.startswith("['params']") and k.endswith("['kernel']")][0]
+    assert specs[kernel] == (None, ("data", "model")) or specs[kernel] == (("data", "model"), None)
+    moments = {k: v for k, v in specs.items() if k.startswith("['opt_state']") and kernel[len("['params']"):] in k}
+    assert moments and all(v == () or v == (None,) for v in moments.values()), moments

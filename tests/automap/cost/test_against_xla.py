@@ -819,14 +819,28 @@ def _bf16_conv(x, k):
     return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
+def _bias_grad(g):  # the transpose of a bias's broadcast: a bf16 reduce_sum (jnp.sum sums bf16 in f32 itself)
+    return jax.linear_transpose(lambda b: jnp.broadcast_to(b, g.shape), jnp.zeros(g.shape[1:], g.dtype))(g)[0]
+
+
+def _embedding_grad(g):  # rows scattered into a table: an embedding's gradient
+    return jnp.zeros((64, g.shape[1]), g.dtype).at[jnp.arange(g.shape[0]) % 64].add(g)
+
+
 @pytest.mark.parametrize("name, fn, shapes, specs", [
     ("dot, all-reduced", jnp.matmul, [(16, 64), (64, 32)], [P(None, "model"), P("model"), P()]),
     ("conv, all-reduced", _bf16_conv, [(8, 6, 6, 8), (3, 3, 8, 16)], [P(None, None, None, "model"), P(None, None, "model"), P()]),
+    ("sum, all-reduced", _bias_grad, [(64, 512)], [P(("data", "model")), P()]),
+    ("max, all-reduced", lambda x: x.max(0), [(64, 512)], [P("model"), P()]),
+    ("scatter-add, all-reduced", _embedding_grad, [(128, 32)], [P("data"), P()]),
 ])
 def test_a_bf16_contractions_partial_sums_move_in_f32_on_cpu(name, fn, shapes, specs):
     """XLA:CPU has no bf16 GEMM or convolution: it computes them in f32 and converts after, so a
     contraction split on its summed dim reduces f32 partial sums, twice the bytes of its bf16
-    result (a bf16 RoPE/MoE LM: every plan's bytes sent 0.46-0.75x XLA's)."""
+    result (a bf16 RoPE/MoE LM: every plan's bytes sent 0.46-0.75x XLA's). Its reductions too
+    (sum, max, min): a bias's or a norm scale's gradient summed over a split batch (a flax LM with
+    bf16 parameters, data parallel: 78.3 KiB estimated of 83.3 KiB), and its scatter-adds (the
+    embedding's gradient)."""
     state, xla = _propagated_as_planned(fn, [jnp.ones(s, jnp.bfloat16) for s in shapes], specs)
     est = estimate(state)
     assert [c.kind for c in est.collectives] == [op.kind for op in xla.ops]
