@@ -24,6 +24,7 @@ from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
+from automap.tile_order import tile_permute
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"]
 Analysis = tuple[dict[int, Axes], tuple, int]  # (factor axes, reshard templates, pieces)
@@ -176,6 +177,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         wanted = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
         gather, move = _diff(actual, wanted)
         nbytes = program.values[vid].nbytes
+        if permute := tile_permute(actual, wanted, nbytes, sizes):
+            out.append((pos, "collective-permute", *permute, "operand"))
         if gather:
             after = tuple(tuple(a for a in axes if a not in gather) for axes in actual)
             out.append((pos, "all-gather", gather, _per_device(nbytes, after, sizes), "operand"))
@@ -195,6 +198,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
                 out.append((here, kind, axes, whole // share, "result"))
         gather, move = _diff(implied, actual)
+        if permute := tile_permute(implied, actual, nbytes, sizes):
+            out.append((here, "collective-permute", *permute, "result"))
         if gather:
             out.append((here, "all-gather", gather, _per_device(nbytes, actual, sizes), "result"))
         if move:
