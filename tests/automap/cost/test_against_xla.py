@@ -890,3 +890,31 @@ def test_a_dot_summing_over_an_axis_both_operands_share_runs_in_the_results_layo
     assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
     est = estimate(state)
     assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
+
+
+def _dense_gradients(h, k):
+    return jax.grad(lambda h, k: jnp.sum(jnp.tanh(jnp.einsum("bsh,hd->bsd", h, k))), argnums=(0, 1))(h, k)
+
+
+@pytest.mark.parametrize("k_spec, want", [
+    # the weight gradient, grouped over 'model' and reduce-scattered, gathers h over data anew;
+    # the input gradient (its result larger than its operands) reuses the forward's gather of k
+    (P("model", "data"), [("all-gather", ("data",), 16384), ("all-gather", ("data",), 16384),
+                          ("all-gather", ("model",), 8192), ("reduce-scatter", ("data",), 16384),
+                          ("reduce-scatter", ("model",), 8192)]),
+    # the weight gradient all-reduced: h's gather made once, for both dots
+    (P(None, "data"), [("all-gather", ("data",), 16384), ("all-reduce", ("model",), 8192),
+                       ("reduce-scatter", ("data",), 16384)]),
+])
+def test_a_dot_grouped_on_its_sum_gathers_its_operand_anew(k_spec, want):
+    """XLA's dot partitioner runs a dot whose operands split the sum alike in partition groups
+    over the summed axes (where it reduce-scatters a result no larger than its operands): the
+    operands are resharded inside the groups, and a gather there is not the one an earlier dot
+    made of the same value. The estimate counted h's gather once (a dense layer's gradient,
+    h (model, -, data), its weight (model, data): 0.78x XLA's bytes sent)."""
+    h_spec = P("model", None, "data")
+    state, xla = _laid_out_as_xla_lays_it_out(_dense_gradients, [jnp.ones((8, 16, 128)), jnp.ones((128, 32))],
+                                              [h_spec, k_spec, h_spec, k_spec])
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state) if not r.reused) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    assert estimate(state).wire_bytes == xla.wire_bytes
