@@ -19,11 +19,12 @@ import math
 from typing import Iterable, Literal, Sequence
 
 from automap.factors import Axes, compose_dim, solution, solve_factors
-from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
+from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts, grouped_on_the_sum
 from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
+from automap.tile_order import tile_permute
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"]
 Analysis = tuple[dict[int, Axes], tuple, int]  # (factor axes, reshard templates, pieces)
@@ -176,6 +177,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         wanted = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
         gather, move = _diff(actual, wanted)
         nbytes = program.values[vid].nbytes
+        if permute := tile_permute(actual, wanted, nbytes, sizes):
+            out.append((pos, "collective-permute", *permute, "operand"))
         if gather:
             after = tuple(tuple(a for a in axes if a not in gather) for axes in actual)
             out.append((pos, "all-gather", gather, _per_device(nbytes, after, sizes), "operand"))
@@ -195,6 +198,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
                 out.append((here, kind, axes, whole // share, "result"))
         gather, move = _diff(implied, actual)
+        if permute := tile_permute(implied, actual, nbytes, sizes):
+            out.append((here, "collective-permute", *permute, "result"))
         if gather:
             out.append((here, "all-gather", gather, _per_device(nbytes, actual, sizes), "result"))
         if move:
@@ -355,7 +360,8 @@ def loop_invariants(program: Program) -> tuple[frozenset[int], dict[int, int]]:
 def reshards(state: ShardingState) -> list[Reshard]:
     """Every collective the assignment implies, op by op (the cost model prices these). A gather
     of the same value over the same axes in the same region is marked ``reused`` after its first
-    occurrence: XLA computes it once (CSE)."""
+    occurrence: XLA computes it once (CSE), but a dot grouped on its sum makes its own
+    (:func:`automap.contraction_layouts.grouped_on_the_sum`)."""
     program, analyses = state.program, op_analyses(state)
     walked, values = program.walked, program.values
     made = program.memo.setdefault("reshards", {})  # fields -> Reshard: one object for equal ones
@@ -375,7 +381,8 @@ def reshards(state: ShardingState) -> list[Reshard]:
                 count = max(mult // trips[values[vid].region], 1)
             reused = False
             if kind in ("all-gather", "collective-permute") and where == "operand":
-                key = (vid, kind, axes, region)
+                grouped = grouped_on_the_sum(op, state, analyses[i][1]) if op.primitive == "dot_general" else ()
+                key = (vid, kind, axes, region, grouped)
                 reused = key in gathered
                 gathered.add(key)
             fields = (op.id, vid, kind, axes, nbytes, count, where, reused, *group)

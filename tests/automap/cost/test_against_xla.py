@@ -659,10 +659,11 @@ def test_a_lookup_and_a_scatter_add_run_along_their_indices_split(name, fn, args
 
 
 @pytest.mark.parametrize("name, fn, args, specs, want", [
-    # 256 lookups on data from a table on (data, model): along the indices (the table gathered
-    # over data, the lookups summed over model) holds less than 32 KiB of whole lookups
+    # 256 lookups on data from a table on (data, model): along the indices (the table permuted
+    # and gathered over data to its 'model' tiles, the lookups summed over model) holds less
+    # than 32 KiB of whole lookups
     ("gather, many indices", _lookup, [TABLE, INDICES], [P(D_M), P("data"), P("data")],
-     [("all-gather", ("data",), 2048), ("all-reduce", ("model",), 16384)]),
+     [("all-gather", ("data",), 2048), ("all-reduce", ("model",), 16384), ("collective-permute", D_M, 1024)]),
     # 32 lookups: the whole table would be the largest buffer; the table keeps its split
     ("gather, few indices", _lookup, [TABLE, INDICES[:32]], [P(D_M), P("data"), P("data")],
      [("all-gather", ("data",), 128), ("all-reduce", D_M, 4096)]),
@@ -884,3 +885,82 @@ def test_a_select_of_one_value_twice_is_folded_before_xla_lays_anything_out():
     assert estimate(state).wire_bytes == xla.wire_bytes == 0
     # left: the index's wrap-around (order < 0) and the updates' mask (which update wins)
     assert [op.primitive for op in state.program.ops].count("select_n") == 2
+
+
+@pytest.mark.parametrize("before, after, want", [
+    # the 'model' tiles hold (data, model) tiles 2m and 2m + 1: permuted into that order, gathered over data
+    (P(None, D_M), P(None, "model"), [("all-gather", ("data",), 4096), ("collective-permute", D_M, 2048)]),
+    (P(None, ("model", "data")), P(None, "data"), [("all-gather", ("model",), 8192), ("collective-permute", D_M, 2048)]),
+    # sliced locally to the wrong piece, then permuted
+    (P(None, "model"), P(None, D_M), [("collective-permute", D_M, 2048)]),
+    (P(None, D_M), P(None, ("model", "data")), [("collective-permute", D_M, 2048)]),
+])
+def test_a_dim_whose_tiles_are_ordered_otherwise_is_permuted(before, after, want):
+    """A dim resharded between layouts that keep an axis at another place in the dim's tiling
+    (('data', 'model') to 'model': a device's 'model' tile is not what it would gather over
+    'data'): XLA moves each device's piece with a collective-permute, besides any gather. The
+    estimate took it for a plain gather or a free slice (a dense layer's gradient, its weight
+    split (data, model) on its rows, gathered to 'model': 0.32x XLA's bytes sent, with the next
+    mechanism)."""
+    state, xla = _laid_out_as_xla_lays_it_out(jnp.tanh, [jnp.ones((32, 128))], [before, after])
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    assert estimate(state).wire_bytes == xla.wire_bytes
+
+
+_DENSE_DW = lambda g, h: jnp.einsum("bsd,bsh->dh", g, h)  # noqa: E731  a dense layer's weight gradient
+
+
+@pytest.mark.parametrize("specs, want", [
+    # the result's features on (data, model): no tile of it the 'data' partial sum holds: h gathered, all computed
+    ([P("data"), P("data", None, "model"), P(None, D_M)], [("all-gather", ("model",), 32768), ("all-reduce", ("data",), 16384)]),
+    # on (model, data): computed on 'model' as h holds it, reduced over 'data' into place
+    ([P("data"), P("data", None, "model"), P(None, ("model", "data"))], [("reduce-scatter", ("data",), 4096)]),
+    # its rows on 'model': g sliced to them, h gathered
+    ([P("data"), P("data", None, "model"), P("model", "data")],
+     [("all-gather", ("model",), 32768), ("reduce-scatter", ("data",), 4096)]),
+    # the rows on (data, model), summed over 'model': computed on 'data' as g holds them
+    ([P("model", None, "data"), P("model"), P(D_M)], [("reduce-scatter", ("model",), 8192)]),
+    # ... unless h splits its features on 'data' too: both gathered, all rows computed
+    ([P("model", None, "data"), P("model", None, "data"), P(D_M)],
+     [("all-gather", ("data",), 4096), ("all-gather", ("data",), 16384), ("all-reduce", ("model",), 16384)]),
+])
+def test_a_dot_summing_over_an_axis_both_operands_share_runs_in_the_results_layout_less_it(specs, want):
+    """A dot whose operands split the summed dim alike: XLA sums partial results over that axis
+    and runs the free dims as the result holds them up to the summed axis (each dim's tile the
+    partial result can hold), the operands resharded to it. The estimate kept the operands'
+    free splits and resharded the partial result (0.10-0.18x XLA's bytes sent, or 5x, where it
+    moved the sum onto another axis; a dense layer's gradient under odd layouts 0.30x)."""
+    state, xla = _laid_out_as_xla_lays_it_out(_DENSE_DW, [jnp.ones((8, 16, 32)), jnp.ones((8, 16, 128))], specs)
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    est = estimate(state)
+    assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
+
+
+def _dense_gradients(h, k):
+    return jax.grad(lambda h, k: jnp.sum(jnp.tanh(jnp.einsum("bsh,hd->bsd", h, k))), argnums=(0, 1))(h, k)
+
+
+@pytest.mark.parametrize("k_spec, want", [
+    # the weight gradient, grouped over 'model' and reduce-scattered, gathers h over data anew;
+    # the input gradient (its result larger than its operands) reuses the forward's gather of k
+    (P("model", "data"), [("all-gather", ("data",), 16384), ("all-gather", ("data",), 16384),
+                          ("all-gather", ("model",), 8192), ("reduce-scatter", ("data",), 16384),
+                          ("reduce-scatter", ("model",), 8192)]),
+    # the weight gradient all-reduced: h's gather made once, for both dots
+    (P(None, "data"), [("all-gather", ("data",), 16384), ("all-reduce", ("model",), 8192),
+                       ("reduce-scatter", ("data",), 16384)]),
+])
+def test_a_dot_grouped_on_its_sum_gathers_its_operand_anew(k_spec, want):
+    """XLA's dot partitioner runs a dot whose operands split the sum alike in partition groups
+    over the summed axes (where it reduce-scatters a result no larger than its operands): the
+    operands are resharded inside the groups, and a gather there is not the one an earlier dot
+    made of the same value. The estimate counted h's gather once (a dense layer's gradient,
+    h (model, -, data), its weight (model, data): 0.78x XLA's bytes sent)."""
+    h_spec = P("model", None, "data")
+    state, xla = _laid_out_as_xla_lays_it_out(_dense_gradients, [jnp.ones((8, 16, 128)), jnp.ones((128, 32))],
+                                              [h_spec, k_spec, h_spec, k_spec])
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state) if not r.reused) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    assert estimate(state).wire_bytes == xla.wire_bytes

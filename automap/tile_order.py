@@ -1,0 +1,43 @@
+"""Reshards between layouts that order a dim's tiles differently, as XLA's partitioner moves them.
+
+A dim split over several mesh axes is tiled major to minor: over ('data', 'model') device
+(d, m) holds tile ``4 d + m`` of 8, over ('model', 'data') tile ``2 m + d``, over 'model' alone
+tile ``m`` of 4 (the 8-tiles ``2 m`` and ``2 m + 1``). Where an axis both layouts keep on a dim
+follows, in either, an axis gathered or sliced in before it, no device holds the tile it wants
+within its own: XLA moves each device's piece with a collective-permute (besides any gather),
+where a plain gather or a local slice would do otherwise.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from automap.factors import Axes
+from automap.shardings import Spec
+
+
+def tile_permute(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int]) -> tuple[Axes, int] | None:
+    """(axes, bytes per device) of the collective-permute XLA adds to reshard a value of ``nbytes``
+    from ``actual`` to ``wanted``, None where none is needed: the axes of the dims whose tiles the
+    two order differently (in mesh order), the smaller of the two pieces a device holds. Measured
+    on jax 0.10.2, mesh 2x4, a [32, 128] array resharded along its columns: ('data', 'model') to
+    'model' a permute of 2,048 B and a gather over data (4,096 B sent, where a plain gather sends
+    2,048); 'model' to ('data', 'model'), ('model', 'data') to 'data' and ('data', 'model') to
+    ('model', 'data') a permute of the 2,048 B piece (none where a local slice or a plain gather
+    does); a (64, 32) embedding table on ('data', 'model') gathered over data to 'model'.
+
+    >>> sizes = {"data": 2, "model": 4}
+    >>> tile_permute(((), ("data", "model")), ((), ("model",)), 16384, sizes)
+    (('data', 'model'), 2048)
+    >>> tile_permute(((), ("model", "data")), ((), ("model",)), 16384, sizes) is None  # a plain gather
+    True
+    """
+    axes: list[str] = []
+    for have, want in zip(actual, wanted, strict=True):
+        kept = [a for a in have if a in want]
+        if kept != list(have[: len(kept)]) or kept != list(want[: len(kept)]):
+            axes += [a for a in (*have, *want) if a not in axes]
+    if not axes:
+        return None
+    pieces = [math.prod(sizes[a] for dim in spec for a in dim) for spec in (actual, wanted)]
+    return tuple(a for a in sizes if a in axes), nbytes // max(pieces)
