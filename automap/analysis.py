@@ -19,7 +19,7 @@ import math
 from typing import Iterable, Literal, Sequence
 
 from automap.factors import Axes, compose_dim, solution, solve_factors
-from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
+from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts, gathered_apart
 from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
@@ -355,7 +355,7 @@ def loop_invariants(program: Program) -> tuple[frozenset[int], dict[int, int]]:
 def reshards(state: ShardingState) -> list[Reshard]:
     """Every collective the assignment implies, op by op (the cost model prices these). A gather
     of the same value over the same axes in the same region is marked ``reused`` after its first
-    occurrence: XLA computes it once (CSE)."""
+    occurrence: XLA computes it once (CSE), except the one :func:`gathered_apart` names."""
     program, analyses = state.program, op_analyses(state)
     walked, values = program.walked, program.values
     made = program.memo.setdefault("reshards", {})  # fields -> Reshard: one object for equal ones
@@ -368,13 +368,14 @@ def reshards(state: ShardingState) -> list[Reshard]:
         op, mult = walked[i]
         region = values[op.outputs[0]].region if op.outputs else 0
         linked = op.linked
+        unshared = gathered_apart(op, analyses[i][1])
         for pos, kind, axes, nbytes, where, *group in analyses[i][1]:
             vid = linked[pos]
             count = mult
             if where == "operand" and vid in invariant:  # resharded once, at the loop's entry
                 count = max(mult // trips[values[vid].region], 1)
             reused = False
-            if kind in ("all-gather", "collective-permute") and where == "operand":
+            if kind in ("all-gather", "collective-permute") and where == "operand" and pos != unshared:
                 key = (vid, kind, axes, region)
                 reused = key in gathered
                 gathered.add(key)
