@@ -19,7 +19,7 @@ import math
 from typing import Iterable, Literal, Sequence
 
 from automap.factors import Axes, compose_dim, solution, solve_factors
-from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts, grouped_on_the_sum
+from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts, gathered_apart, grouped_on_the_sum
 from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
@@ -360,8 +360,9 @@ def loop_invariants(program: Program) -> tuple[frozenset[int], dict[int, int]]:
 def reshards(state: ShardingState) -> list[Reshard]:
     """Every collective the assignment implies, op by op (the cost model prices these). A gather
     of the same value over the same axes in the same region is marked ``reused`` after its first
-    occurrence: XLA computes it once (CSE), but a dot grouped on its sum makes its own
-    (:func:`automap.contraction_layouts.grouped_on_the_sum`)."""
+    occurrence: XLA computes it once (CSE), except the one
+    :func:`automap.contraction_layouts.gathered_apart` names, and a dot grouped on its sum makes
+    its own (:func:`automap.contraction_layouts.grouped_on_the_sum`)."""
     program, analyses = state.program, op_analyses(state)
     walked, values = program.walked, program.values
     made = program.memo.setdefault("reshards", {})  # fields -> Reshard: one object for equal ones
@@ -374,13 +375,14 @@ def reshards(state: ShardingState) -> list[Reshard]:
         op, mult = walked[i]
         region = values[op.outputs[0]].region if op.outputs else 0
         linked = op.linked
+        unshared = gathered_apart(op, analyses[i][1])
         for pos, kind, axes, nbytes, where, *group in analyses[i][1]:
             vid = linked[pos]
             count = mult
             if where == "operand" and vid in invariant:  # resharded once, at the loop's entry
                 count = max(mult // trips[values[vid].region], 1)
             reused = False
-            if kind in ("all-gather", "collective-permute") and where == "operand":
+            if kind in ("all-gather", "collective-permute") and where == "operand" and pos != unshared:
                 grouped = grouped_on_the_sum(op, state, analyses[i][1]) if op.primitive == "dot_general" else ()
                 key = (vid, kind, axes, region, grouped)
                 reused = key in gathered

@@ -1,10 +1,10 @@
 """How XLA's SPMD partitioner (jax 0.10.2, Shardy) runs a contraction (a dot or a convolution)
 whose operands and result disagree, where that differs from the factor solution's way: the
 operand gathered and the dot run in the result's layout, or the operands resharded to a result
-split more ways, sums split differently in the two operands, a whole partner gathered, a detour
-over an idle mesh axis (or a sum moved onto it), a depthwise kernel gradient run over all its
-channels. Each rule was measured on
-small functions compiled by XLA (``tests/automap/cost/test_against_xla.py``);
+split more ways or to one that would otherwise move an axis between its dims, sums split
+differently in the two operands, a whole partner gathered, a detour over an idle mesh axis (or
+a sum moved onto it), a depthwise kernel gradient run over all its channels. Each rule was
+measured on small functions compiled by XLA (``tests/automap/cost/test_against_xla.py``);
 :func:`as_xla_contracts` applies them in turn for :mod:`automap.analysis`.
 """
 from __future__ import annotations
@@ -30,17 +30,38 @@ def as_xla_contracts(op: Op, state, fax: dict[int, Axes], templates: Templates,
         grouped = _batch_groups_kept_whole(op, state, fax, templates_of)
         if grouped is not None:  # measured: no detour over an idle axis then
             return (*grouped, 1)
+        fax, templates = _moved_result_in_result_layout(op, state, fax, templates, templates_of)
         templates, detour = _idle_axis_detours(op, state, fax, templates)
         return fax, templates, detour
     fax, templates = _result_layout_first(op, state, fax, templates, templates_of)
     fax, templates = _free_dims_in_result_layout(op, state, fax, templates, templates_of)
     fax, templates = _shared_sum_in_result_layout(op, state, fax, templates, templates_of)
     fax, templates = _mismatched_sums_in_result_layout(op, state, fax, templates, templates_of)
+    fax, templates = _moved_result_in_result_layout(op, state, fax, templates, templates_of)
     gathered = _whole_partner_gathers(op, state, fax, templates_of)
     if gathered is not None:  # measured: no detour over an idle axis then
         return (*gathered, 1)
     templates, detour = _idle_axis_detours(op, state, fax, templates)
     return fax, templates, detour
+
+
+def gathered_apart(op: Op, templates: Templates) -> int | None:
+    """The operand position (else None) of a contraction's gather that XLA's CSE shares with no
+    other gather of the same value: where the contraction gathers both its operands, the larger
+    (per device, once gathered; the first operand on a tie). XLA's partitioner writes that
+    gather's replica groups in another form than the value's other gathers (an iota list against
+    named mesh axes, or the reverse), and its CSE merges only equal forms. Measured on jax 0.10.2,
+    a convolution with its kernel gradient (and ``x @ w`` with ``x.T @ dy``) under FSDP on meshes
+    4x2, 2x4 and 2x2, the input's batch on 'data' and its features on 'model', the kernel's
+    (or ``w``'s) on ('data', 'model'): the forward gathers both operands, the gradient the input
+    again; XLA reused the input's first gather on 5 of 16 shapes, exactly those where it is the
+    smaller operand (a ResNet's FSDP plan on 2x4: the estimate had assumed it reused)."""
+    if op.primitive not in CONTRACTIONS:
+        return None
+    gathers = [(nbytes, pos) for pos, kind, _, nbytes, where, *_ in templates if kind == "all-gather" and where == "operand"]
+    if len(gathers) != 2 or gathers[0][1] == gathers[1][1]:
+        return None
+    return max(gathers)[1] if gathers[0][0] != gathers[1][0] else gathers[0][1]
 
 
 def _result_layout_first(op: Op, state, fax: dict[int, Axes], templates: Templates,
@@ -168,6 +189,41 @@ def grouped_on_the_sum(op: Op, state, templates: Templates) -> Axes:
     if not any(kind == "reduce-scatter" and where == "result" for _, kind, _, _, where, *_ in templates):
         return ()
     return tuple(a for a in state.axes if any(a in axes for axes in shared[0].values()))
+
+
+def _moved_result_in_result_layout(op: Op, state, fax: dict[int, Axes], templates: Templates,
+                                   templates_of: TemplatesOf) -> tuple[dict, Templates]:
+    """(factor axes, templates) of a contraction whose result, as the solution computes it, would
+    move an axis between its dims (an all-to-all): XLA's dot partitioner (convolutions too) runs
+    it in the result's layout instead, each free dim on the result's axes (less those its sum is
+    split on), the sum split as before, the operand split otherwise resharded and the partial
+    result reduce-scattered into place. Measured on jax 0.10.2, meshes 4x2 and 2x4, ``bi,bo->io``
+    and a 3x3 kernel gradient (the batch on 'data' and the features on 'model' in both operands,
+    the result's ``i`` on 'data' and ``o`` on 'model'), the operands 1/64 to 64x each other and
+    up to 64x the result: the operand split on ``i`` gathered, a reduce-scatter over 'data'; the
+    estimate computed ``i`` on 'model', all-reduced the result and moved it (a ResNet's FSDP
+    plan on 4x2: 1.23x XLA's bytes sent). Where no operand splits the sum (a GShard MoE's
+    dispatch into experts: XLA moves the result by all-to-all), where the result's layout still
+    needs a move or a gather, and for grouped convolutions (XLA partitions them by their
+    groups), as before."""
+    if len(op.linked_outputs) != 1 or not any(t[1] == "all-to-all" and t[4] == "result" for t in templates):
+        return fax, templates
+    if op.params.get("feature_group_count", 1) != 1 or op.params.get("batch_group_count", 1) != 1:
+        return fax, templates
+    rule, sizes = op.rule, state.axes
+    summed = set(rule.reduction_factors)
+    alt = {f: axes for f, axes in fax.items() if f in summed and axes}
+    if not alt:  # the sum whole (GShard's dispatch into experts): XLA moves the result
+        return fax, templates
+    used = {a for axes in alt.values() for a in axes}
+    for axes, fs in zip(state.spec(op.linked_outputs[0]), rule.results[0], strict=True):
+        free = tuple(a for a in axes if a not in used)
+        if free and fs:
+            alt.update(split_dim(free, fs, rule, sizes))
+    other = templates_of(op, state, alt)
+    if any(t[1] in ("all-to-all", "all-gather") and t[4] == "result" for t in other):
+        return fax, templates
+    return alt, other
 
 
 def _mismatched_sums_in_result_layout(op: Op, state, fax: dict[int, Axes], templates: Templates,

@@ -179,16 +179,16 @@ def test_a_partial_sum_is_resolved_as_xlas_partitioner_resolves_it(name, fn, sha
     assert estimate(state).wire_bytes == xla.wire_bytes
 
 
-def _laid_out_as_xla_lays_it_out(fn, args, specs):
+def _laid_out_as_xla_lays_it_out(fn, args, specs, mesh_axes=MESH_2X4):
     """(``fn``'s program laid out by automap.xla_layout from its input and output specs, XLA's
-    measure of ``jax.jit(fn)`` given the same specs) on the 2x4 mesh."""
+    measure of ``jax.jit(fn)`` given the same specs) on the 2x4 mesh (or ``mesh_axes``)."""
     prog = lower(jax.make_jaxpr(fn)(*args), [f"x{i}" for i in range(len(args))],
                  [f"out{i}" for i in range(len(specs) - len(args))])
     values = (*prog.inputs, *prog.outputs)
     fixed = {v: tuple(((a,) if isinstance(a, str) else tuple(a or ())) for a in tuple(p) + (None,) * (
         len(prog.values[v].shape) - len(p))) for v, p in zip(values, specs, strict=True)}
-    state = xla_layout(ShardingState.initial(prog, MESH_2X4).replace(specs=fixed))
-    mesh = automap.make_mesh(MESH_2X4)
+    state = xla_layout(ShardingState.initial(prog, mesh_axes).replace(specs=fixed))
+    mesh = automap.make_mesh(mesh_axes)
     shardings = [NamedSharding(mesh, p) for p in specs]
     outs = shardings[len(args):]
     jitted = jax.jit(fn, in_shardings=tuple(shardings[: len(args)]), out_shardings=outs[0] if len(outs) == 1 else tuple(outs))
@@ -938,6 +938,40 @@ def test_a_dot_summing_over_an_axis_both_operands_share_runs_in_the_results_layo
     assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
 
 
+MESH_4X2 = {"data": 4, "model": 2}
+_FEATURES_ON_MODEL = P("data", None, None, "model")  # a conv input's batch on data, its features on model
+
+
+def _kernel_gradient(x, dy):
+    return jax.vjp(lambda w: _conv(x, w), jnp.ones((3, 3, x.shape[-1], dy.shape[-1])))[1](dy)[0]
+
+
+@pytest.mark.parametrize("name, fn, shapes, specs, mesh_axes, want", [
+    # a kernel gradient (a ResNet's under FSDP): x gathered over model, reduce-scattered over data
+    ("kernel gradient, 4x2", _kernel_gradient, [(4, 4, 4, 8)] * 2,
+     [_FEATURES_ON_MODEL, _FEATURES_ON_MODEL, P(None, None, "data", "model")], MESH_4X2,
+     [("all-gather", ("model",), 512), ("reduce-scatter", ("data",), 1152)]),
+    ("kernel gradient, 2x4", _kernel_gradient, [(4, 4, 4, 8)] * 2,
+     [_FEATURES_ON_MODEL, _FEATURES_ON_MODEL, P(None, None, "data", "model")], MESH_2X4,
+     [("all-gather", ("model",), 1024), ("reduce-scatter", ("data",), 576)]),
+    # a dense layer's weight gradient, its input 64x its cotangent: the input gathered all the same
+    ("dot, input 64x the cotangent", _DW, [(64, 1024), (64, 16)], [P("data", "model")] * 3, MESH_4X2,
+     [("all-gather", ("model",), 65536), ("reduce-scatter", ("data",), 32768)]),
+])
+def test_a_contraction_whose_result_would_move_runs_in_the_results_layout(name, fn, shapes, specs, mesh_axes, want):
+    """Both operands split the batch (summed) on 'data' and their features on 'model'; the
+    result wants the first operand's features on 'data' and the second's on 'model'. XLA runs
+    the contraction in the result's layout: the first operand gathered over 'model', the partial
+    result reduce-scattered over 'data'. The estimate computed the first operand's features on
+    'model', all-reduced the result and moved it (a ResNet's FSDP plan on a 4x2 mesh: 1.23x XLA's
+    bytes sent)."""
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs, mesh_axes)
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, mesh_axes), op.bytes) for op in xla.ops) == want
+    est = estimate(state)
+    assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
+
+
 def _dense_gradients(h, k):
     return jax.grad(lambda h, k: jnp.sum(jnp.tanh(jnp.einsum("bsh,hd->bsd", h, k))), argnums=(0, 1))(h, k)
 
@@ -963,4 +997,28 @@ def test_a_dot_grouped_on_its_sum_gathers_its_operand_anew(k_spec, want):
                                               [h_spec, k_spec, h_spec, k_spec])
     assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state) if not r.reused) == want
     assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    assert estimate(state).wire_bytes == xla.wire_bytes
+
+
+def _forward_and_kernel_gradient(x, w, dy):
+    y, vjp = jax.vjp(lambda w: _conv(x, w), w)
+    return y, vjp(dy)[0]
+
+
+@pytest.mark.parametrize("size, shared", [(4, True), (8, False)])
+def test_a_forward_gather_is_shared_with_the_gradients_only_where_it_was_the_smaller_operand(size, shared):
+    """A convolution and its kernel gradient under FSDP (mesh 4x2): the forward gathers the input
+    over 'model' and the kernel over 'data', the gradient gathers the input over 'model' again.
+    XLA's CSE merges the two input gathers where the input (512 B a device, 4x4 images) is the
+    smaller of the forward's two gathers, not where it is the larger (2 KiB, 8x8 images): the
+    forward then writes its replica groups in another form. The estimate shared them always."""
+    shapes = [(4, size, size, 8), (3, 3, 8, 8), (4, size, size, 8)]
+    specs = [_FEATURES_ON_MODEL, P(None, None, "data", "model"), _FEATURES_ON_MODEL,
+             _FEATURES_ON_MODEL, P(None, None, "data", "model")]
+    state, xla = _laid_out_as_xla_lays_it_out(_forward_and_kernel_gradient, [jnp.ones(s) for s in shapes],
+                                              specs, MESH_4X2)
+    input_gathers = [op for op in xla.ops if op.kind == "all-gather" and op_axes(op, MESH_4X2) == ("model",)]
+    assert len(input_gathers) == (1 if shared else 2)
+    priced = [r for r in reshards(state) if r.kind == "all-gather" and r.axes == ("model",) and not r.reused]
+    assert len(priced) == len(input_gathers)
     assert estimate(state).wire_bytes == xla.wire_bytes
