@@ -19,7 +19,8 @@ import math
 from typing import Iterable, Literal, Sequence
 
 from automap.factors import Axes, compose_dim, solution, solve_factors
-from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts, gathered_apart, grouped_on_the_sum
+from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
+from automap.gather_reuse import gathered_apart, grouped_on_the_sum
 from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
@@ -361,8 +362,8 @@ def reshards(state: ShardingState) -> list[Reshard]:
     """Every collective the assignment implies, op by op (the cost model prices these). A gather
     of the same value over the same axes in the same region is marked ``reused`` after its first
     occurrence: XLA computes it once (CSE), except the one
-    :func:`automap.contraction_layouts.gathered_apart` names, and a dot grouped on its sum makes
-    its own (:func:`automap.contraction_layouts.grouped_on_the_sum`)."""
+    :func:`automap.gather_reuse.gathered_apart` names, and a dot grouped on its sum makes
+    its own (:func:`automap.gather_reuse.grouped_on_the_sum`)."""
     program, analyses = state.program, op_analyses(state)
     walked, values = program.walked, program.values
     made = program.memo.setdefault("reshards", {})  # fields -> Reshard: one object for equal ones
