@@ -127,6 +127,8 @@ def apply(
     for action in actions:
         spec = specs.get(action.value)
         check_action(program, axes, spec, action)
+        if axes[action.axis] == 1:  # tiles nothing: XLA drops a size-1 axis from every sharding
+            continue
         dims = list(spec) if spec is not None else [() for _ in program.values[action.value].shape]
         dims[action.dim] += (action.axis,)
         specs[action.value] = tuple(dims)
