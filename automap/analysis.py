@@ -377,6 +377,7 @@ def reshards(state: ShardingState) -> list[Reshard]:
         region = values[op.outputs[0]].region if op.outputs else 0
         linked = op.linked
         unshared = gathered_apart(op, analyses[i][1])
+        grouped = None  # computed on the op's first gather, once
         for pos, kind, axes, nbytes, where, *group in analyses[i][1]:
             vid = linked[pos]
             count = mult
@@ -384,7 +385,8 @@ def reshards(state: ShardingState) -> list[Reshard]:
                 count = max(mult // trips[values[vid].region], 1)
             reused = False
             if kind in ("all-gather", "collective-permute") and where == "operand" and pos != unshared:
-                grouped = grouped_on_the_sum(op, state, analyses[i][1]) if op.primitive == "dot_general" else ()
+                if grouped is None:
+                    grouped = grouped_on_the_sum(op, state, analyses[i][1]) if op.primitive == "dot_general" else ()
                 key = (vid, kind, axes, region, grouped)
                 reused = key in gathered
                 gathered.add(key)
