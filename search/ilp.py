@@ -126,20 +126,30 @@ def _merge_tied(space: SearchSpace, state: ShardingState, out: list[list[Option]
     return out
 
 
-def combinations(space: SearchSpace, tie: bool = True) -> list[tuple[tuple[Move, ...], list[list[Option]]]]:
-    """(start moves, options per group) for every distinct start (a composition that leaves the
-    plan as an earlier start did is dropped); ``tie`` as in :func:`options`."""
+def distinct_starts(space: SearchSpace) -> list[tuple[tuple[Move, ...], ShardingState]]:
+    """(moves, state) of every distinct start (a composition that leaves the plan as an earlier
+    start did is dropped)."""
     seen, out = set(), []
     for start in starts(space):
         state, done = replay(space, start)
         if state.key() not in seen:
             seen.add(state.key())
-            out.append((done, options(space, state, tie=tie)))
+            out.append((done, state))
     return out
 
 
-def _too_large(needed: int, limit: int) -> TooLarge:
-    return TooLarge(f"the exact solver would need {needed} cost evaluations (max_evaluations={limit}): "
+def combinations(space: SearchSpace, tie: bool = True, two_axes: bool = True,
+                 begun: list[tuple[tuple[Move, ...], ShardingState]] | None = None,
+                 ) -> list[tuple[tuple[Move, ...], list[list[Option]]]]:
+    """(start moves, options per group) for every distinct start (``begun``, if given, are
+    :func:`distinct_starts`); ``tie`` and ``two_axes`` as in :func:`options`."""
+    return [(done, options(space, state, two_axes=two_axes, tie=tie))
+            for done, state in (distinct_starts(space) if begun is None else begun)]
+
+
+def _too_large(needed: int, limit: int, at_least: bool = False) -> TooLarge:
+    return TooLarge(f"the exact solver would need {'at least ' * at_least}{needed} cost evaluations "
+                    f"(max_evaluations={limit}): "
                     "use search.MCTS, or fewer decision groups")
 
 
@@ -168,10 +178,14 @@ class ILP:
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()
-        problems = combinations(space, tie=False)
-        needed = sum(1 + _pairs_needed(opts) for _, opts in problems)  # before ties are merged: at most that
-        if needed > MERGE_FIRST * self.max_evaluations:  # too large even if merging halved it: no merge run
-            raise _too_large(needed, self.max_evaluations)
+        begun = distinct_starts(space)
+        # one axis per option first: no plan is made for it, and it counts no more than two axes
+        # do, so a space it already shows too large is never sized in full
+        for two_axes in (False, True):
+            problems = combinations(space, tie=False, two_axes=two_axes, begun=begun)
+            needed = sum(1 + _pairs_needed(opts) for _, opts in problems)  # before ties are merged: at most that
+            if needed > MERGE_FIRST * self.max_evaluations:  # too large even if merging halved it: no merge run
+                raise _too_large(needed, self.max_evaluations, at_least=not two_axes)
         problems = [(start, _merge_tied(space, replay(space, start)[0], opts)) for start, opts in problems]
         needed = sum(1 + _pairs_needed(opts) for _, opts in problems)  # what the models below evaluate
         if needed > self.max_evaluations:

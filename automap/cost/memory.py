@@ -162,18 +162,22 @@ def temp_peak(
                        for r in regions)
     if not buffers or not live:
         return max(max(live, default=0), 0)
-    written = sorted((index.get(op, -1), nbytes) for op, nbytes in buffers)
-    peak = 0
-    for i in sorted(range(len(live)), key=live.__getitem__, reverse=True):
-        if live[i] <= peak:  # reuse only lowers a point: none further down can be the peak
-            break
-        free = collections.Counter(nbytes for at, nbytes in written if at > i)
-        unplaced = live[i]
-        for nbytes in (b for s, e, b in spans if s <= i <= e):
-            if free[nbytes] > 0:  # a free output buffer of its size
-                unplaced -= nbytes
-                free[nbytes] -= 1
-        peak = max(peak, unplaced)
+    # at each point, a temporary live there takes a free output buffer of its size (one written
+    # later) while one is left: per size b, min(live temporaries, free buffers) of them are placed
+    free = collections.Counter(nbytes for _, nbytes in buffers if nbytes)
+    active: collections.Counter = collections.Counter()
+    events = [(index.get(op, -1), nbytes, free, -1) for op, nbytes in buffers if nbytes]  # written: no longer free
+    events += [(p, b, active, d) for s, e, b in spans if b in free and s <= e for p, d in ((s, 1), (e + 1, -1))]
+    events.sort(key=lambda ev: ev[0])
+    placed, peak, k = 0, 0, 0
+    for i, here in enumerate(live):
+        while k < len(events) and events[k][0] <= i:
+            _, b, counts, d = events[k]
+            k += 1
+            placed -= b * min(active[b], free[b])
+            counts[b] += d
+            placed += b * min(active[b], free[b])
+        peak = max(peak, here - placed)
     return peak
 
 

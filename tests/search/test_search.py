@@ -225,8 +225,18 @@ def test_an_ilp_stopped_by_its_limits_says_so():
 
 
 def test_ilp_refuses_spaces_too_large():
-    with pytest.raises(search.TooLarge, match="cost evaluations"):
-        search.ILP(max_evaluations=3).search(_mlp_space())
+    """Sized with one axis per option first (no plan made for it, never more than the full
+    count): a space that is too large already is refused before its two-axis options are made."""
+    from search.ilp import MERGE_FIRST, _pairs_needed, combinations
+
+    space = _mlp_space()
+    one, two = (sum(1 + _pairs_needed(opts) for _, opts in combinations(space, tie=False, two_axes=both))
+                for both in (False, True))
+    assert one < two
+    with pytest.raises(search.TooLarge, match=f"would need at least {one} cost evaluations"):
+        search.ILP(max_evaluations=one // MERGE_FIRST - 1).search(_mlp_space())
+    with pytest.raises(search.TooLarge, match=f"would need {two} cost evaluations"):  # the full count
+        search.ILP(max_evaluations=one // MERGE_FIRST + 1).search(_mlp_space())
 
 
 def _mlp_workload():
