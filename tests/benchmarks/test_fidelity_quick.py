@@ -1,5 +1,5 @@
 """`python benchmarks/fidelity.py` on an MLP given as a user's own workload (``--workload
-FILE.py:FN``) with one plan of each kind: the Markdown table has one row per plan, every
+FILE.py:FN``) on another mesh (``--mesh 4x2``) with one plan of each kind: the Markdown table has one row per plan, every
 estimated / XLA ratio and the jax.jit parity are finite and positive."""
 import math
 import os
@@ -22,10 +22,11 @@ def test_fidelity_table(tmp_path):
                      "registered)\n    hidden: tuple[int, ...] = (256, 256)\n\n\ndef my_mlp():\n"
                      "    return zoo.mlp(zoo.MLPConfig(d_in=64, hidden=Sizes().hidden, d_out=64, batch=8))\n")
     run = subprocess.run([sys.executable, "benchmarks/fidelity.py", "--workload", f"{model}:my_mlp", "--plans",
-                          ",".join(PLANS), "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          ",".join(PLANS), "--mesh", "4x2", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = out.read_text().splitlines()
+    assert "(mesh data=4 x model=2, 8 simulated CPU devices)" in lines[2]
     assert "## my_mlp" in lines and "## mlp" not in lines and "## Summary" in lines
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
     head, body = rows[0], rows[1:]
