@@ -9,8 +9,9 @@ measured on small functions compiled by XLA (``tests/automap/cost/test_against_x
 """
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op
@@ -74,10 +75,7 @@ def _free_dims_in_result_layout(op: Op, state, fax: dict[int, Axes], templates: 
     rule, sizes = op.rule, state.axes
     if any(fax.get(f) for f in rule.reduction_factors):
         return fax, templates
-    alt: dict[int, Axes] = {}
-    for axes, fs in zip(state.spec(op.linked_outputs[0]), rule.results[0], strict=True):
-        if axes and fs:
-            alt.update(split_dim(axes, fs, rule, sizes))
+    alt = _factor_axes(state.spec(op.linked_outputs[0]), rule.results[0], rule, sizes)
     if math.prod(sizes[a] for axes in alt.values() for a in axes) <= math.prod(sizes[a] for axes in fax.values() for a in axes):
         return fax, templates
     return alt, templates_of(op, state, alt)
@@ -109,17 +107,9 @@ def _shared_sum_in_result_layout(op: Op, state, fax: dict[int, Axes], templates:
     if not any(result):
         return fax, templates  # a whole result: not this way (XLA gathers the smaller operand)
     summed = {a for axes in sums.values() for a in axes}
-    alt: dict[int, Axes] = dict(sums)
-    truncated = False
-    for axes, fs in zip(result, rule.results[0], strict=True):
-        kept = ()
-        for a in axes:
-            if a in summed:
-                break
-            kept += (a,)
-        truncated = truncated or 0 < len(kept) < len(axes)
-        if kept and fs:
-            alt.update(split_dim(kept, fs, rule, sizes))
+    tiles = tuple(tuple(itertools.takewhile(lambda a: a not in summed, axes)) for axes in result)
+    truncated = any(0 < len(kept) < len(axes) for kept, axes in zip(tiles, result, strict=True))
+    alt = {**sums, **_factor_axes(tiles, rule.results[0], rule, sizes)}
     if truncated and any(set(axes) & {a for g, got in alt.items() if g != f for a in got}
                          for split in free for f, axes in split.items()):
         alt = dict(sums)  # a tile cut short that an operand's free split contends for: the result computed whole
@@ -130,21 +120,42 @@ def _shared_sum_in_result_layout(op: Op, state, fax: dict[int, Axes], templates:
 
 def shared_sums(op: Op, state) -> tuple[dict[int, Axes], list[dict[int, Axes]]] | None:
     """(summed factor -> axes, each operand's free factor -> axes) of a dot whose two operands
-    split the dims it sums over alike (the same axes in both); None for any other op."""
+    split the dims it sums over alike (the same axes in both); None for any other op.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> f = lambda x, dy: jnp.einsum("bsd,bsh->dh", x, dy)  # a dense layer's weight gradient
+    >>> prog = lower(jax.make_jaxpr(f)(jnp.ones((8, 4, 16)), jnp.ones((8, 4, 32))), ["x", "dy"], ["dw"])
+    >>> (x, dy), dot = prog.inputs, prog.ops[0]
+    >>> specs = {x: (("data",), (), ()), dy: (("data",), (), ("model",))}
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs=specs)
+    >>> shared_sums(dot, state)  # b (factor 0) on 'data' in both; dy's h (factor 3) on 'model'
+    ({0: ('data',)}, [{}, {3: ('model',)}])
+    >>> print(shared_sums(dot, state.replace(specs={**specs, dy: ((), (), ("model",))})))  # dy's b whole
+    None
+    """
     rule, sizes = op.rule, state.axes
     if op.primitive != "dot_general" or len(op.linked_inputs) != 2 or len(op.linked_outputs) != 1:
         return None
     splits, free = [], []
     for vid, dims in zip(op.linked_inputs, rule.operands, strict=True):
-        split: dict[int, Axes] = {}
-        for axes, fs in zip(state.spec(vid), dims, strict=True):
-            if axes and fs:
-                split.update(split_dim(axes, fs, rule, sizes))
+        split = _factor_axes(state.spec(vid), dims, rule, sizes)
         splits.append({f: split[f] for f in rule.reduction_factors if f in split})
         free.append({f: axes for f, axes in split.items() if f not in rule.reduction_factors})
     if not splits[0] or splits[1] != splits[0]:
         return None
     return splits[0], free
+
+
+def _factor_axes(spec: Sequence[Axes], dims: Sequence, rule, sizes: Mapping[str, int]) -> dict[int, Axes]:
+    """factor -> axes of a value laid out as ``spec`` whose dims hold the factors ``dims`` (each
+    dim's axes given to its factors major to minor: :func:`automap.factors.split_dim`)."""
+    out: dict[int, Axes] = {}
+    for axes, fs in zip(spec, dims, strict=True):
+        if axes and fs:
+            out.update(split_dim(axes, fs, rule, sizes))
+    return out
 
 
 def _moved_result_in_result_layout(op: Op, state, fax: dict[int, Axes], templates: Templates,
@@ -172,10 +183,8 @@ def _moved_result_in_result_layout(op: Op, state, fax: dict[int, Axes], template
     if not alt:  # the sum whole (GShard's dispatch into experts): XLA moves the result
         return fax, templates
     used = {a for axes in alt.values() for a in axes}
-    for axes, fs in zip(state.spec(op.linked_outputs[0]), rule.results[0], strict=True):
-        free = tuple(a for a in axes if a not in used)
-        if free and fs:
-            alt.update(split_dim(free, fs, rule, sizes))
+    free = tuple(tuple(a for a in axes if a not in used) for axes in state.spec(op.linked_outputs[0]))
+    alt.update(_factor_axes(free, rule.results[0], rule, sizes))
     other = templates_of(op, state, alt)
     if any(t[1] in ("all-to-all", "all-gather") and t[4] == "result" for t in other):
         return fax, templates

@@ -23,7 +23,22 @@ def gathered_apart(op: Op, templates: Templates) -> int | None:
     4x2, 2x4 and 2x2, the input's batch on 'data' and its features on 'model', the kernel's
     (or ``w``'s) on ('data', 'model'): the forward gathers both operands, the gradient the input
     again; XLA reused the input's first gather on 5 of 16 shapes, exactly those where it is the
-    smaller operand (a ResNet's FSDP plan on 2x4: the estimate had assumed it reused)."""
+    smaller operand (a ResNet's FSDP plan on 2x4: the estimate had assumed it reused).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.analysis import op_analyses
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> prog = lower(jax.make_jaxpr(lambda x, w: x @ w)(jnp.ones((8, 16)), jnp.ones((16, 64))), ["x", "w"], ["y"])
+    >>> (x, w), (y,), dot = prog.inputs, prog.outputs, prog.ops[0]
+    >>> fsdp = {x: (("data",), ("model",)), w: (("data", "model"), ())}
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs={**fsdp, y: (("data",), ("model",))})
+    >>> gathered_apart(dot, op_analyses(state)[0][1])  # x gathered over 'model' (256 B), w whole (4 KiB): w
+    1
+    >>> state = state.replace(specs={**fsdp, y: (("data",), ())})  # w alone gathered
+    >>> print(gathered_apart(dot, op_analyses(state)[0][1]))
+    None
+    """
     if op.primitive not in CONTRACTIONS:
         return None
     gathers = [(nbytes, pos) for pos, kind, _, nbytes, where, *_ in templates if kind == "all-gather" and where == "operand"]
@@ -45,7 +60,23 @@ def grouped_on_the_sum(op: Op, state, templates: Templates) -> Axes:
     dot and the input gradient (64 KiB, over both 16 KiB operands); with the weight (-, data),
     the weight gradient all-reduced: ``h`` gathered once. An attention's FSDP backward
     (nnx_transformer): the query/key/value weight gradients gather their input apart from the
-    forward dots, once for the three."""
+    forward dots, once for the three.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.analysis import op_analyses
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> f = lambda x, dy: jnp.einsum("bsd,bsh->dh", x, dy)  # a dense layer's weight gradient
+    >>> prog = lower(jax.make_jaxpr(f)(jnp.ones((8, 4, 16)), jnp.ones((8, 4, 32))), ["x", "dy"], ["dw"])
+    >>> (x, dy), (dw,), dot = prog.inputs, prog.outputs, prog.ops[0]
+    >>> specs = {x: (("data",), (), ()), dy: (("data",), (), ("model",)), dw: ((), ("model", "data"))}
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs=specs)
+    >>> grouped_on_the_sum(dot, state, op_analyses(state)[0][1])  # summed on 'data', reduce-scattered
+    ('data',)
+    >>> state = state.replace(specs={**specs, dw: ((), ("model",))})  # all-reduced over 'data'
+    >>> grouped_on_the_sum(dot, state, op_analyses(state)[0][1])
+    ()
+    """
     shared = shared_sums(op, state)
     if shared is None:
         return ()
