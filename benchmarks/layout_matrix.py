@@ -37,6 +37,9 @@ from automap.ir.lower import lower  # noqa: E402
 from automap.shardings import ShardingState, from_partition_spec  # noqa: E402
 from automap.xla_layout import xla_layout  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fidelity import _ratio, mesh_arg  # noqa: E402  (the same ratio and --mesh as the fidelity benchmark)
+
 BYTES_TOL, MEMORY_TOL = 0.10, 0.25  # as benchmarks/fidelity.py (automap.verify.TOLERANCES)
 D, M, DM = "data", "model", ("data", "model")
 H_SPECS = [P(M, None, D), P(D, None, M), P(M, None, None), P(D, None, None), P(DM, None, None), P(None, None, M),
@@ -50,11 +53,6 @@ def _loss(h, k):
 
 GRAD = jax.grad(_loss, argnums=(0, 1))
 SHAPES = ((8, 16, 128), (128, 32))
-
-
-def _ratio(est: float, xla: float) -> float:
-    """estimated / XLA; 1 where both are 0, inf where only XLA's is."""
-    return est / xla if xla else (1.0 if est == 0 else float("inf"))
 
 
 def row(h_spec: P, k_spec: P, axes: dict[str, int]) -> dict:
@@ -85,9 +83,6 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from fidelity import mesh_arg
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mesh", default="2x4", help="DATAxMODEL, 8 devices in all (default 2x4)")
     parser.add_argument("--limit", type=int, help="only the first N pairs")
