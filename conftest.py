@@ -9,3 +9,15 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# The modules whose tests each run a subprocess or a notebook kernel for half a minute to two
+# minutes on 2 cores. pytest-xdist hands tests out in collection order, in chunks; collected last
+# (tests/test_*.py sort after tests/tactics/), one of them kept a worker busy for up to 1.5 minutes
+# after the other had finished. Collected first, the suite's tail is short tests. Order only: every
+# test still runs, and these modules share no cached state with the others.
+FIRST = ("tests/test_notebooks.py", "tests/benchmarks/test_megatron_quick.py", "tests/automap/test_multihost.py",
+         "tests/test_readme.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in FIRST)  # stable: the rest keep their order
