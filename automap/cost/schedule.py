@@ -84,30 +84,49 @@ def combined_reductions(
     reduction's group, and so no two such gradients in one (the two-layer MLP's step clipped by its
     gradients' norm; the zoo GPT under FSDP, clipped by optax: each gradient in its own all-reduce,
     next to scalars; combined, the estimate was 1.31x XLA's memory)."""
-    summed_again: set[int] = set()  # values an all-reduced sum is later made from
-    for op in reversed(ops):
-        if summed_again.intersection(op.outputs) or any(
-                r.where == "result" and r.kind == "all-reduce" for r in reshards.get(op.id, ())):
-            summed_again.update(op.inputs)
-    axes_of: dict[int, frozenset] = {}
+    whole: dict[int, list[Reshard]] = {}  # position -> its results reduced whole, then split
     for op, rs in reshards.items():
-        whole = [r for r in rs if r.where == "result" and (
-            r.value not in summed_again
-            and (r.kind == "reduce-scatter" or (r.kind == "all-reduce" and r.bytes > size(r.value))))]
-        if op in index and whole:
-            axes_of[index[op]] = frozenset(a for r in whole for a in r.axes)
+        got = [r for r in rs if r.where == "result" and (
+            r.kind == "reduce-scatter" or (r.kind == "all-reduce" and r.bytes > size(r.value)))]
+        if got and op in index:
+            whole[index[op]] = got
+    if len(whole) < 2:  # no group of more than one
+        return {}
+    summed_again = _summed_again(ops, index, reshards, min(whole))
+    axes_of: dict[int, frozenset] = {}
+    for i, rs in whole.items():
+        kept = [r for r in rs if r.value not in summed_again]
+        if kept:
+            axes_of[i] = frozenset(a for r in kept for a in r.axes)
+    if len(set(axes_of.values())) == len(axes_of):  # each alone on its axes
+        return {}
     groups: dict[frozenset, list[list[int]]] = {}
     tainted: dict[frozenset, set[int]] = {}  # axes -> values made from its current group's reduced results
-    for i, op in enumerate(ops):
-        axes = axes_of.get(i)
+    for i in range(min(axes_of, default=len(ops)), len(ops)):
+        op, axes = ops[i], axes_of.get(i)
         if axes is not None:
             got, made = groups.setdefault(axes, [[]]), tainted.setdefault(axes, set())
-            if made.intersection(op.inputs) or len(got[-1]) == COMBINED_MOST:
+            if not made.isdisjoint(op.inputs) or len(got[-1]) == COMBINED_MOST:
                 got.append([])
                 made.clear()
             got[-1].append(i)
             made.update(op.outputs)
         for other, made in tainted.items():
-            if other != axes and made.intersection(op.inputs):
+            if other != axes and not made.isdisjoint(op.inputs):
                 made.update(op.outputs)
     return {i: group[-1] for got in groups.values() for group in got if len(group) > 1 for i in group}
+
+
+def _summed_again(
+    ops: Sequence[Op], index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]], after: int,
+) -> set[int]:
+    """The values made after position ``after`` (and some before) that a later all-reduced sum is
+    made from: the inputs, and theirs, of every op whose result is all-reduced, up to ``after``."""
+    summing = {index[op] for op, rs in reshards.items() if op in index and any(
+        r.where == "result" and r.kind == "all-reduce" for r in rs)}
+    summed: set[int] = set()
+    for i in range(max(summing, default=after), after, -1):
+        op = ops[i]
+        if i in summing or not summed.isdisjoint(op.outputs):
+            summed.update(op.inputs)
+    return summed
