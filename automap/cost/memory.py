@@ -26,6 +26,7 @@ import math
 from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
+from automap.cost.schedule import entry_order
 from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
                                   replaces_workspace, windowed_reductions)
 from automap.ir.program import Op, Program
@@ -140,12 +141,14 @@ def temp_peak(
     index = live_ranges.index
     first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
     read_as = constants_as_read(program, ops, size) if cpu and not body else {}
-    spans = [(0 if v in first else s, e, read_as.get(v, size(v))) for v, s, e in live_ranges.values]
+    made = _producers(program, ops)
+    moved, combined = ({}, {}) if body or not cpu else entry_order(ops, index, reshards, made, size, outputs)
+    spans = [(0 if v in first else moved.get(s, s), e, read_as.get(v, size(v))) for v, s, e in live_ranges.values]
     spans.extend((s, e, size(v) * copies) for s, e, v, copies in live_ranges.unfused)
-    spans.extend(_reshard_spans(program, ops, index, reshards, body))
+    spans.extend(_reshard_spans(program, ops, index, reshards, body, moved, combined))
     if cpu:
         in_place = () if body else _copied_in_place(program, ops, outputs)
-        spans.extend(cpu_spans(program, ops, index, reshards, size, body, state, _producers(program, ops), in_place))
+        spans.extend(cpu_spans(program, ops, index, reshards, size, body, state, made, in_place, (combined, outputs)))
     for i, op, nbytes in _workspaces(program, ops, platform):  # split as its first result (or operand) is
         if cpu and replaces_workspace(op, body):
             continue
@@ -166,7 +169,7 @@ def temp_peak(
     # later) while one is left: per size b, min(live temporaries, free buffers) of them are placed
     free = collections.Counter(nbytes for _, nbytes in buffers if nbytes)
     active: collections.Counter = collections.Counter()
-    events = [(index.get(op, -1), nbytes, free, -1) for op, nbytes in buffers if nbytes]  # written: no longer free
+    events = [(moved.get(p, p), b, free, -1) for op, b in buffers if b for p in [index.get(op, -1)]]  # written
     events += [(p, b, active, d) for s, e, b in spans if b in free and s <= e for p, d in ((s, 1), (e + 1, -1))]
     events.sort(key=lambda ev: ev[0])
     placed, peak, k = 0, 0, 0
@@ -182,8 +185,8 @@ def temp_peak(
 
 
 def _reshard_spans(
-    program: Program, ops: Sequence[Op], index: Mapping[int, int],
-    reshards: Mapping[int, Sequence[Reshard]], body: bool,
+    program: Program, ops: Sequence[Op], index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]],
+    body: bool, moved: Mapping[int, int] = {}, combined: Mapping[int, int] = {},
 ) -> list[tuple[int, int, int]]:
     """(first, last, bytes) of the temporaries the reshards at ``ops`` make: a resharded operand
     from when its collective runs to its last use (XLA reshards it once and keeps it), the whole
@@ -198,7 +201,7 @@ def _reshard_spans(
     from a body input (the iteration's slice of a stacked parameter) is gathered at the body's
     start; and the body's reduce-scatters are combined into one collective after its last op, so
     each partial result stays whole until then, next to its reduced copy (XLA:CPU all-reduces,
-    then slices); that step is position ``len(ops)``.""" 
+    then slices); that step is position ``len(ops)``. ``moved``, ``combined``: :mod:`automap.cost.schedule`.""" 
     copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
     made = _producers(program, ops)
     end = len(ops)  # in a body: the step after its last op
@@ -209,9 +212,11 @@ def _reshard_spans(
                 got = copies.setdefault((r.value, r.kind, r.axes), [min(first, i), i, r.bytes])
                 got[1] = i
             elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
-                copies[(r.value, r.kind, r.axes, i)] = [i, end if body else i, r.bytes]
+                copies[(r.value, r.kind, r.axes, i)] = [i, end if body else combined.get(i, i), r.bytes]
                 if body:
                     copies[(r.value, r.kind, r.axes, i, "reduced")] = [end, end, r.bytes]
+    for got in (got for key, got in copies.items() if len(key) == 3 and got[1] in moved):  # a copy read last there
+        got[1] = max(moved[got[1]], got[0])
     return [tuple(c) for c in copies.values()]
 
 

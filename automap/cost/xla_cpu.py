@@ -56,6 +56,7 @@ def conv_layout_copies(op: Op) -> tuple[bool, bool, bool]:
 def cpu_spans(
     program: Program, ops: Sequence[Op], index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]],
     size: Callable[[int], int], body: bool, state: ShardingState, made: Mapping[int, int], in_place: Collection[int],
+    entry: tuple[Mapping[int, int], Collection[int]] = ({}, ()),
 ) -> list[tuple[int, int, int]]:
     """(first, last, bytes) of the buffers XLA:CPU adds to ``ops``:
 
@@ -80,8 +81,14 @@ def cpu_spans(
       forward (:func:`pool_gradient_spans`; only in the entry computation, where XLA schedules it
       so: in a loop body its workspace is counted at the op, as on other platforms).
 
-    ``index``: op id -> position in ``ops``; ``made``: value -> position of the op in ``ops`` that
+    - an all-reduce of an op's result holds buffers of its own (:func:`_all_reduce_spans`), in the
+      entry computation.
+
+    ``entry``: (position -> the later one where XLA runs the op's combined reduction,
+    :func:`automap.cost.schedule.combined_reductions`; the program's outputs), in the entry
+    computation. ``index``: op id -> position in ``ops``; ``made``: value -> position of the op in ``ops`` that
     makes it (absent: made before, a program input at the start); ``size``: bytes per device."""
+    combined, outputs = entry
     spans = []
     for op_id, rs in reshards.items():
         i = index.get(op_id)
@@ -89,7 +96,7 @@ def cpu_spans(
             continue
         for r in rs:
             if r.where == "result" and r.kind == "reduce-scatter" and not body:
-                spans.append((i, i, r.bytes))
+                spans.append((combined.get(i, i), combined.get(i, i), r.bytes))
             elif r.where == "operand" and r.kind == "all-gather" and not r.reused \
                     and gathers_minor(program.values[r.value].shape, state.specs.get(r.value), r.axes, state.axes):
                 spans.append((i, i, r.bytes))
@@ -97,6 +104,7 @@ def cpu_spans(
         spans.append((i, i, 2 * _computed_result_bytes(op, state) * _local_groups(op, state)))
     if body:
         return spans
+    spans.extend(_all_reduce_spans(index, reshards, size, outputs, len(ops) - 1, combined))
     for i, op in _pool_gradients(program, ops):
         spans.extend(pool_gradient_spans(op, i, made, size, state))
     for i, op, copies in _convs_copying(program, ops):
@@ -107,6 +115,33 @@ def cpu_spans(
                 spans.append((i, i, max(gathered)))
             elif copied and v not in in_place:
                 spans.append((made.get(v, 0), i, size(v)))
+    return spans
+
+
+def _all_reduce_spans(
+    index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]], size: Callable[[int], int],
+    outputs: Collection[int], last: int, combined: Mapping[int, int],
+) -> list[tuple[int, int, int]]:
+    """(first, last, bytes) of the buffers an all-reduce of an op's result holds at the op, in an
+    entry computation: XLA:CPU's all-reduce writes a buffer of its own, so the partial result is
+    a temporary next to it when the reduced value is a program output (the output's buffer holds
+    the reduced copy), and both are when the value is stored split further than it is reduced
+    (all-reduced whole, then sliced, as a reduce-scatter: one dense layer's input gradient all-reduced
+    over ``model`` into its output; its weight gradient, summed over a batch split 8 ways and stored
+    split over ``data`` and ``model``, a 16 KiB partial and its 16 KiB reduced copy). One pair
+    per (op, value), of the largest all-reduce there."""
+    whole: dict[tuple[int, int], int] = {}
+    for op_id, rs in reshards.items():
+        i = index.get(op_id)
+        for r in rs if i is not None else ():
+            if r.where == "result" and r.kind == "all-reduce" and (r.bytes > size(r.value) or r.value in outputs):
+                whole[(i, r.value)] = max(whole.get((i, r.value), 0), r.bytes)
+    spans = []
+    for (i, v), nbytes in whole.items():
+        after = combined.get(i, min(i + 1, last))  # the all-reduce runs after the op, its operands freed
+        spans.append((i, after, nbytes))  # the partial result
+        if v not in outputs:
+            spans.append((after, after, nbytes))  # its reduced copy, then sliced
     return spans
 
 
