@@ -1046,3 +1046,27 @@ def test_a_mesh_axis_of_size_one_tiles_nothing():
     xla = automap.measure(step.lower(params, x, y).compile())
     assert plan.estimate.wire_bytes == xla.wire_bytes == 21504
     assert plan.estimate.dot_flops == xla.dot_flops
+
+
+_OUTER = lambda x, w: jnp.einsum("bd,hd->bh", x, w)  # noqa: E731  an input gradient's shape: dy . w^T
+
+
+@pytest.mark.parametrize("specs, want", [
+    # w's rows on 'model', the output wants the batch on 'data' alone: computed 8 ways, gathered over 'model'
+    ([P("data"), P("model"), P("data")], [("all-gather", ("model",), 32768)]),
+    # w's rows on ('data', 'model'), the output's columns on 'data': the minor 'model' gathered off the result
+    ([P(), P(D_M), P(None, "data")], [("all-gather", ("model",), 32768)]),
+])
+def test_a_dot_making_a_program_output_gathers_its_result_not_its_operand(specs, want):
+    """A dot whose result is a program output, an operand split on a free dim over an axis the
+    output leaves whole: XLA computes the result split as the operand is and gathers the result
+    at the return (its ``out_shardings`` do not pin the dot's own result: 4x the operand's
+    bytes here), where a result pinned by a sharding constraint gathers the operand (the
+    llama's values under context parallelism, tests/tactics/test_context_parallel.py). The
+    estimate gathered the operand (0.25-0.5x XLA's bytes sent, 4x its dot FLOPs; a dense layer's
+    input gradient, its weight on 'model': 0.70x XLA's bytes sent)."""
+    state, xla = _laid_out_as_xla_lays_it_out(_OUTER, [jnp.ones((128, 32)), jnp.ones((128, 32))], specs)
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    est = estimate(state)
+    assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
