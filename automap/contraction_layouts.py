@@ -51,12 +51,28 @@ def _result_layout_first(op: Op, state, fax: dict[int, Axes], templates: Templat
     """(factor axes, templates) of a contraction whose result is wanted whole on axes an operand
     splits a free dim on: XLA's dot partitioner all-gathers the operand and runs the dot in the
     result's layout, rather than gathering the result (measured on jax 0.10.2 with a result half
-    the operand's size and with one 4x larger: the operand gathered both times)."""
+    the operand's size and with one 4x larger: the operand gathered both times, the llama's
+    values pinned by a sharding constraint). Not where the result is a program output: its
+    ``out_shardings`` do not pin the dot's own result, which XLA computes split as the operand
+    is and gathers at the return (``bd,hd->bh``, ``w`` split on 'model', mesh 2x4, the output
+    whole or on 'data': the result gathered, 4x the operand's bytes; a dense layer's input
+    gradient, ``benchmarks/layout_matrix.py``: 2 rows brought within 10% on mesh 2x4, 3 on 4x2,
+    and one row on each, matched before by errors that cancelled, 0.80x now: XLA gathers the
+    weight for the forward dot and again for the input gradient, two replica-group forms its
+    CSE does not merge, where the estimate shares one gather)."""
     gathered = {a for _, kind, axes, _, where, *_ in templates if kind == "all-gather" and where == "result" for a in axes}
-    if not gathered:
+    if not gathered or any(v in _program_outputs(state.program) for v in op.linked_outputs):
         return fax, templates
     alt = {f: kept for f, axes in fax.items() if (kept := tuple(a for a in axes if a not in gathered))}
     return alt, templates_of(op, state, alt)
+
+
+def _program_outputs(program) -> frozenset[int]:
+    """The program's outputs as a set (memoised on the program)."""
+    got = program.memo.get("output_set")
+    if got is None:
+        got = program.memo["output_set"] = frozenset(program.outputs)
+    return got
 
 
 def _free_dims_in_result_layout(op: Op, state, fax: dict[int, Axes], templates: Templates,

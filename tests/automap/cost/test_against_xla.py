@@ -1100,3 +1100,27 @@ def test_xla_cpu_keeps_apart_the_reductions_of_gradients_summed_again_into_a_nor
     state, xla = _laid_out_as_xla_lays_it_out(clipped_step, args, [P(D_M)] * 5)
     assert [op.kind for op in xla.ops].count("reduce-scatter") == 2  # one per gradient
     assert abs(estimate(state).peak_memory_bytes / xla.memory_per_device - 1) < 0.25
+
+
+_OUTER = lambda x, w: jnp.einsum("bd,hd->bh", x, w)  # noqa: E731  an input gradient's shape: dy . w^T
+
+
+@pytest.mark.parametrize("specs, want", [
+    # w's rows on 'model', the output wants the batch on 'data' alone: computed 8 ways, gathered over 'model'
+    ([P("data"), P("model"), P("data")], [("all-gather", ("model",), 32768)]),
+    # w's rows on ('data', 'model'), the output's columns on 'data': the minor 'model' gathered off the result
+    ([P(), P(D_M), P(None, "data")], [("all-gather", ("model",), 32768)]),
+])
+def test_a_dot_making_a_program_output_gathers_its_result_not_its_operand(specs, want):
+    """A dot whose result is a program output, an operand split on a free dim over an axis the
+    output leaves whole: XLA computes the result split as the operand is and gathers the result
+    at the return (its ``out_shardings`` do not pin the dot's own result: 4x the operand's
+    bytes here), where a result pinned by a sharding constraint gathers the operand (the
+    llama's values under context parallelism, tests/tactics/test_context_parallel.py). The
+    estimate gathered the operand (0.25-0.5x XLA's bytes sent, 4x its dot FLOPs; a dense layer's
+    input gradient, its weight on 'model': 0.70x XLA's bytes sent)."""
+    state, xla = _laid_out_as_xla_lays_it_out(_OUTER, [jnp.ones((128, 32)), jnp.ones((128, 32))], specs)
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    est = estimate(state)
+    assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
