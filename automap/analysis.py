@@ -25,7 +25,7 @@ from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
-from automap.tile_order import tile_permute
+from automap.tile_order import disjoint_retile, tile_permute
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"]
 Analysis = tuple[dict[int, Axes], tuple, int]  # (factor axes, reshard templates, pieces)
@@ -176,8 +176,11 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             continue
         actual = state.spec(vid)
         wanted = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
-        gather, move = _diff(actual, wanted)
         nbytes = program.values[vid].nbytes
+        if retiled := disjoint_retile(actual, wanted, nbytes, sizes):
+            out += [(pos, kind, axes, moved, "operand") for kind, axes, moved in retiled]
+            continue
+        gather, move = _diff(actual, wanted)
         if permute := tile_permute(actual, wanted, nbytes, sizes):
             out.append((pos, "collective-permute", *permute, "operand"))
         if gather:

@@ -15,6 +15,8 @@ from typing import Callable, Mapping, Sequence
 
 from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op
+from automap.idle_axis_detours import idle_axis_detours
+from automap.whole_gathers import whole_partner_gathers
 
 CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
 
@@ -32,17 +34,17 @@ def as_xla_contracts(op: Op, state, fax: dict[int, Axes], templates: Templates,
         if grouped is not None:  # measured: no detour over an idle axis then
             return (*grouped, 1)
         fax, templates = _moved_result_in_result_layout(op, state, fax, templates, templates_of)
-        templates, detour = _idle_axis_detours(op, state, fax, templates)
+        templates, detour = idle_axis_detours(op, state, fax, templates)
         return fax, templates, detour
     fax, templates = _result_layout_first(op, state, fax, templates, templates_of)
     fax, templates = _free_dims_in_result_layout(op, state, fax, templates, templates_of)
     fax, templates = _shared_sum_in_result_layout(op, state, fax, templates, templates_of)
     fax, templates = _mismatched_sums_in_result_layout(op, state, fax, templates, templates_of)
     fax, templates = _moved_result_in_result_layout(op, state, fax, templates, templates_of)
-    gathered = _whole_partner_gathers(op, state, fax, templates_of)
+    gathered = whole_partner_gathers(op, state, fax, templates_of)
     if gathered is not None:  # measured: no detour over an idle axis then
         return (*gathered, 1)
-    templates, detour = _idle_axis_detours(op, state, fax, templates)
+    templates, detour = idle_axis_detours(op, state, fax, templates)
     return fax, templates, detour
 
 
@@ -61,9 +63,34 @@ def _result_layout_first(op: Op, state, fax: dict[int, Axes], templates: Templat
     weight for the forward dot and again for the input gradient, two replica-group forms its
     CSE does not merge, where the estimate shares one gather)."""
     gathered = {a for _, kind, axes, _, where, *_ in templates if kind == "all-gather" and where == "result" for a in axes}
-    if not gathered or any(v in _program_outputs(state.program) for v in op.linked_outputs):
+    if not gathered:
         return fax, templates
+    if any(v in _program_outputs(state.program) for v in op.linked_outputs):
+        return _output_layout_unless_gathered(op, state, fax, templates, templates_of)
     alt = {f: kept for f, axes in fax.items() if (kept := tuple(a for a in axes if a not in gathered))}
+    return alt, templates_of(op, state, alt)
+
+
+def _output_layout_unless_gathered(op: Op, state, fax: dict[int, Axes], templates: Templates,
+                                   templates_of: TemplatesOf) -> tuple[dict, Templates]:
+    """(factor axes, templates) of a dot making a program output that the solution's layout
+    reaches only by a gather: XLA gathers the result where the output keeps, on each dim, a
+    major part of the axes the dot's layout gives it (what :func:`_result_layout_first` leaves
+    alone); where the output wants a dim on other axes (``bd,hd->bh``, ``w``'s rows on 'model',
+    the output's columns on 'data'; a dense layer's weight gradient ``bsd,bsh->dh`` and input
+    gradient, the activation on 'data' and the output on 'model', or its weight's rows on
+    ('data', 'model') and the output on 'model'), it runs the dot in the output's layout, the
+    operand resharded to it (measured on jax 0.10.2, meshes 2x4 and 4x2, the other operand whole:
+    the estimate gathered the result, 3x XLA's bytes sent, 2x its dot FLOPs). Where the dot sums
+    partial results, as before."""
+    rule, sizes = op.rule, state.axes
+    if op.primitive != "dot_general" or len(op.linked_outputs) != 1 or any(fax.get(f) for f in rule.reduction_factors):
+        return fax, templates
+    wanted = state.spec(op.linked_outputs[0])
+    implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in rule.results[0])
+    if all(tuple(have[: len(want)]) == tuple(want) for have, want in zip(implied, wanted, strict=True)):
+        return fax, templates  # a major part kept on every dim: the result gathered
+    alt = _factor_axes(wanted, rule.results[0], rule, sizes)
     return alt, templates_of(op, state, alt)
 
 
@@ -245,10 +272,12 @@ def _mismatched_sums_in_result_layout(op: Op, state, fax: dict[int, Axes], templ
 
     split = [summed_axes(0), summed_axes(1)]
     result = state.spec(op.linked_outputs[0])
-    if split[0] is None or split[1] is None or not any(result):
+    if split[0] is None or split[1] is None:
         return fax, templates
     if any(split[0].get(f) == axes for f, axes in split[1].items()):
         return fax, templates  # a partial sum both operands share: XLA sums over it
+    if not any(result):
+        return _both_gathered_whole(op, state, split, fax, templates, templates_of)
     if not (split[0] and split[1]) and not _sum_moves_to_the_result(op, state, split, result):
         return fax, templates
     alt: dict[int, Axes] = {}
@@ -274,6 +303,26 @@ def _mismatched_sums_in_result_layout(op: Op, state, fax: dict[int, Axes], templ
             whole = (pos, "all-gather", tuple(a for a in state.axes if a in held), state.program.values[vid].nbytes, "operand")
             out = [t for t in out if t[0] != pos] + [whole]
     return alt, tuple(out)
+
+
+def _both_gathered_whole(op: Op, state, split: list[dict[int, Axes]], fax: dict[int, Axes], templates: Templates,
+                         templates_of: TemplatesOf) -> tuple[dict, Templates]:
+    """(factor axes, templates) of a dot whose operands both split the sum alone, no summed dim on
+    the same axes in both, its result whole: XLA's dot partitioner finds no partial sum to share
+    and no result split to run in, and, as its last resort, gathers both operands whole and runs
+    the dot unsplit, rather than resharding one operand to the other's split of the sum. Measured
+    on jax 0.10.2, mesh 2x4, ``bsh,hd->bsd`` (a dense layer's forward, its result fed to a tanh or
+    a program output), the sum over 'model', 'data', ('data', 'model') or ('model', 'data') in
+    one operand and another of them in the other (a prefix of it or disjoint), the activation 4x
+    the weight or 1/8 of it: both gathered whole every time (the estimate resharded the weight to
+    the activation's split and all-reduced the result: 0.12-0.64x XLA's bytes sent, 1/8-1/2 its
+    dot FLOPs). Operands split on free dims too: not measured, as before."""
+    if not (split[0] and split[1]):
+        return fax, templates
+    for vid, got in zip(op.linked_inputs, split, strict=True):
+        if {a for axes in state.spec(vid) for a in axes} != {a for axes in got.values() for a in axes}:
+            return fax, templates  # split on a free dim too: not measured
+    return {}, templates_of(op, state, {})
 
 
 def _sum_moves_to_the_result(op: Op, state, split: list[dict[int, Axes]], result) -> bool:
@@ -303,42 +352,6 @@ def _sum_moves_to_the_result(op: Op, state, split: list[dict[int, Axes]], result
                                       for axes, fs in zip(state.spec(other), rule.operands[1 - pos], strict=True))
 
 
-def _whole_partner_gathers(op: Op, state, fax: dict[int, Axes], templates_of: TemplatesOf) -> tuple[dict, Templates] | None:
-    """(factor axes, templates) of a contraction whose summed dims one operand splits while the
-    other operand is whole on every mesh axis, as XLA's dot partitioner runs it: the split operand
-    all-gathered and the dot run whole on those axes, rather than partial results summed; no
-    detour over an idle axis; a result wanted split over the gathered axes on a dim of the whole
-    operand computed so (the whole operand sliced). Measured on jax 0.10.2: ``ecd,tec->td`` and
-    ``mk,kn->mn`` with the split operand 0.6x to 32x the result, over 'model' and over 'data'
-    ('model' idle), the result whole or split on a dim of the whole operand (the routed tokens of
-    a Switch MoE whose batch stays whole). None where it does not apply: the other operand split
-    on some axis, the split operand split on a dim it keeps too (``exp(x) @ w``, its rows on 'data'
-    and its features on 'model': XLA all-reduces the partial result over 'model'), or the result
-    wanting the gathered axes on a dim of the split operand (XLA does otherwise there)."""
-    rule = op.rule
-    summed = {a for f in rule.reduction_factors for a in fax.get(f, ())}
-    if not summed or len(op.linked_inputs) != 2:
-        return None
-    whole = [i for i, v in enumerate(op.linked_inputs) if not any(state.spec(v))]
-    if len(whole) != 1:
-        return None
-    split, split_dims = op.linked_inputs[1 - whole[0]], rule.operands[1 - whole[0]]
-    reduction = set(rule.reduction_factors)
-    if any(axes and not set(fs) <= reduction for axes, fs in zip(state.spec(split), split_dims, strict=True)):
-        return None  # split on a kept dim too (rows on data, the sum on model): XLA sums partial results
-    split_factors = {f for fs in split_dims for f in fs}
-    for v, dims in zip(op.linked_outputs, rule.results, strict=True):
-        for axes, fs in zip(state.spec(v), dims, strict=True):
-            if summed & set(axes) and split_factors & set(fs):
-                return None
-    alt = {f: kept for f, axes in fax.items() if (kept := tuple(a for a in axes if a not in summed))}
-    for v, dims in zip(op.linked_outputs, rule.results, strict=True):  # the result's slice of the whole operand
-        for axes, fs in zip(state.spec(v), dims, strict=True):
-            if len(fs) == 1 and fs[0] not in alt and set(axes) <= summed and axes:
-                alt[fs[0]] = axes
-    return alt, templates_of(op, state, alt)
-
-
 def _batch_groups_kept_whole(op: Op, state, fax: dict[int, Axes], templates_of: TemplatesOf) -> tuple[dict, Templates] | None:
     """(factor axes, templates) of a batch-grouped convolution (a depthwise conv's kernel
     gradient) whose lhs keeps its groups (the channels) whole and whose solution splits the sum
@@ -366,69 +379,3 @@ def _batch_groups_kept_whole(op: Op, state, fax: dict[int, Axes], templates_of: 
     kind = "reduce-scatter" if held == every else "all-reduce"
     operands = tuple(t for t in templates_of(op, state, alt) if t[4] == "operand")
     return alt, operands + ((len(op.linked_inputs), kind, every, state.program.values[out].nbytes, "result"),)
-
-
-def _idle_axis_detours(op: Op, state, fax: dict[int, Axes], templates: Templates) -> tuple[Templates, int]:
-    """(templates, how many more ways the op's work is split) as XLA's dot partitioner (jax 0.10.2)
-    runs a contraction that leaves a mesh axis idle (no factor, operand or result of it on the
-    axis) at least as large as the group of a reshard it needs: it splits the dot over the idle
-    axis too and moves the pieces into place with a collective-permute. An operand all-gather over
-    ``A`` (S bytes gathered) becomes a collective-permute of S/m over ``A`` and the idle axis (m
-    devices) and an all-gather over the idle axis; a result reduce-scatter over ``A`` (n devices,
-    S bytes) an all-reduce over ``A`` of S/n and a collective-permute of S/n, the dot's work split n
-    more ways. Twice the bytes the plain collective sends, on every dot measured (mesh 2x4 and
-    2x2, batched and plain, FSDP's weight gathers and gradient scatters with 'model' idle), and on
-    convolutions, which XLA partitions as dots (a kernel gathered for the forward conv, its
-    gradient scattered, mesh 2x4: the resnet's fsdp_tp plan); an idle axis smaller than the group
-    leaves the plain collective. An operand gathered along a summed dim whose result is smaller
-    than it (the result's bytes per device in its layout ``R`` below the gathered operand's ``S``)
-    is instead permuted so that the idle axis splits the sum, and the partial results all-reduced
-    over it, the work split m more ways (measured: a conv whose kernel is split on its input
-    features with a 2 KiB result, and with an 8 KiB result against a 12 KiB kernel (a held-out
-    haiku Conv1D under fsdp_tp); ``x @ w`` with ``w`` split on its rows, 4 KiB and 64 KiB,
-    results from 512 B up to 3,840 and 63,488 B: summed; at ``R == S`` and above XLA gathers, as
-    it gathers the 9 KiB kernel of a 64 KiB result; the rule was ``2 R < S`` before, 4x XLA's dot
-    FLOPs between). Other contractions (a ragged dot is a masked dense dot on CPU) are left as they
-    are: not measured."""
-    if not templates or op.primitive not in ("dot_general", "conv_general_dilated"):  # measured on these alone
-        return templates, 1
-    sizes = state.axes
-    used = {a for axes in fax.values() for a in axes}
-    used.update(a for v in op.linked for axes in state.spec(v) for a in axes)
-    idle = [a for a, n in sizes.items() if n > 1 and a not in used]
-    if not idle:
-        return templates, 1
-    out, split = [], 1
-    for pos, kind, axes, nbytes, where, *_ in templates:
-        n = math.prod(sizes[a] for a in axes)
-        spare = next((a for a in idle if sizes[a] >= n), None)
-        if spare is None or (kind, where) not in (("all-gather", "operand"), ("reduce-scatter", "result")):
-            out.append((pos, kind, axes, nbytes, where))
-            continue
-        both = tuple(a for a in sizes if a in axes or a == spare)
-        m = sizes[spare]
-        partial = _summed_partial_bytes(op, state, fax, pos, axes) if kind == "all-gather" else None
-        if partial is not None and partial < nbytes:  # a result smaller than the gathered operand: summed over the idle axis
-            out += [(pos, "collective-permute", both, nbytes // m, where),
-                    (len(op.linked_inputs), "all-reduce", (spare,), partial, "result")]
-            split *= m
-        elif kind == "all-gather":
-            out += [(pos, "collective-permute", both, nbytes // m, where),
-                    (pos, "all-gather", (spare,), nbytes, where)]
-        else:
-            out += [(pos, "all-reduce", axes, nbytes // n, where), (pos, "collective-permute", both, nbytes // n, where)]
-            split *= n
-    return tuple(out), split
-
-
-def _summed_partial_bytes(op: Op, state, fax: dict[int, Axes], pos: int, axes: Axes) -> int | None:
-    """Bytes per device of the op's (first) result in its layout, where its operand ``pos`` is
-    gathered over ``axes`` along a dim the op sums over (else None)."""
-    rule, sizes = op.rule, state.axes
-    summed = set(rule.reduction_factors)
-    spec, dims = state.spec(op.linked_inputs[pos]), rule.operands[pos]
-    if not op.linked_outputs or not any(set(a) & set(axes) and fs and set(fs) <= summed
-                                        for a, fs in zip(spec, dims, strict=True)):
-        return None
-    implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in rule.results[0])
-    return state.program.values[op.linked_outputs[0]].nbytes // math.prod(sizes[a] for axes in implied for a in axes)

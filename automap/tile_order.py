@@ -41,3 +41,36 @@ def tile_permute(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, in
         return None
     pieces = [math.prod(sizes[a] for dim in spec for a in dim) for spec in (actual, wanted)]
     return tuple(a for a in sizes if a in axes), nbytes // max(pieces)
+
+
+def disjoint_retile(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int]) -> tuple | None:
+    """((kind, axes, bytes per device),) of the collective-permute XLA's partitioner resharding a
+    value of ``nbytes`` from ``actual`` to ``wanted`` runs where the two differ on one dim alone,
+    split there over disjoint axes, each wanted tile within one held tile (the wanted ways a
+    multiple of the held ones): the wanted piece moved, where a gather of the held axes and a
+    slice would send twice its bytes or more; None otherwise. Measured on jax 0.10.2, meshes 2x4
+    and 4x2, the operand of a dot run in its result's layout (``bd,hd->bh`` and ``bsd,bsh->dh``,
+    the operand split on 'data' (2) and the result on 'model' (4), or on 'model' (2) and 'data'
+    (4)): one permute of the wanted piece. The other way (each held tile within a wanted one) XLA
+    permutes the held piece and gathers in groups there, but runs a dense layer's forward
+    otherwise (``bsh,hd->bsd``, ``h``'s sum on 'model' and ``k``'s on 'data', its features on
+    'model': ``h`` gathered whole, no partial sum), which the estimate does not model: left a
+    gather of the held axes (then a slice) as before, which prices that layer right.
+
+    >>> sizes = {"data": 2, "model": 4}
+    >>> disjoint_retile((("data",), ()), (("model",), ()), 16384, sizes)
+    (('collective-permute', ('data', 'model'), 4096),)
+    >>> disjoint_retile((("model",), ()), (("data",), ()), 16384, sizes) is None
+    True
+    """
+    differ = [d for d, (have, want) in enumerate(zip(actual, wanted, strict=True)) if tuple(have) != tuple(want)]
+    if len(differ) != 1:
+        return None
+    have, want = actual[differ[0]], wanted[differ[0]]
+    if not have or not want or set(have) & set(want):
+        return None
+    n, m = (math.prod(sizes[a] for a in axes) for axes in (have, want))
+    if m % n:
+        return None
+    kept = math.prod(sizes[a] for dim in wanted for a in dim)
+    return (("collective-permute", tuple(a for a in sizes if a in have or a in want), nbytes // kept),)
