@@ -18,7 +18,7 @@ import dataclasses
 import math
 from typing import Iterable, Literal, Sequence
 
-from automap.factors import Axes, compose_dim, solution, solve_factors
+from automap.factors import Axes, compose_dim, compose_spec, solution, solve_factors
 from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
 from automap.gather_reuse import gathered_apart, grouped_on_the_sum
 from automap.indexed_ops import indices_first
@@ -175,7 +175,7 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         if not dims:
             continue
         actual = state.spec(vid)
-        wanted = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
+        wanted = compose_spec(dims, fax, rule, sizes)
         nbytes = program.values[vid].nbytes
         if retiled := disjoint_retile(actual, wanted, nbytes, sizes):
             out += [(pos, kind, axes, moved, "operand") for kind, axes, moved in retiled]
@@ -194,7 +194,7 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         if not dims and not groups:
             continue
         actual = state.spec(vid)
-        implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
+        implied = compose_spec(dims, fax, rule, sizes)
         nbytes = program.values[vid].nbytes
         here = n_in + pos
         if groups:
@@ -236,7 +236,7 @@ def _permutation_moves(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tu
 def _implied(op: Op, state: ShardingState, fax: dict[int, Axes], pos: int) -> Spec:
     """The spec of linked value ``pos`` (operands, then results) the op's factor axes imply."""
     dims = (op.rule.operands + op.rule.results)[pos]
-    return tuple(compose_dim(fs, fax, op.rule, state.axes) if fs else () for fs in dims)
+    return compose_spec(dims, fax, op.rule, state.axes)
 
 
 def _partial_sum(groups: list[Axes], implied: Spec, actual: Spec, contraction: bool,

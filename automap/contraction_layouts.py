@@ -13,7 +13,7 @@ import itertools
 import math
 from typing import Callable, Mapping, Sequence
 
-from automap.factors import Axes, compose_dim, split_dim
+from automap.factors import Axes, compose_spec, split_dim
 from automap.ir.program import Op
 from automap.idle_axis_detours import idle_axis_detours
 from automap.whole_gathers import whole_partner_gathers
@@ -87,7 +87,7 @@ def _output_layout_unless_gathered(op: Op, state, fax: dict[int, Axes], template
     if op.primitive != "dot_general" or len(op.linked_outputs) != 1 or any(fax.get(f) for f in rule.reduction_factors):
         return fax, templates
     wanted = state.spec(op.linked_outputs[0])
-    implied = tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in rule.results[0])
+    implied = compose_spec(rule.results[0], fax, rule, sizes)
     if all(tuple(have[: len(want)]) == tuple(want) for have, want in zip(implied, wanted, strict=True)):
         return fax, templates  # a major part kept on every dim: the result gathered
     alt = _factor_axes(wanted, rule.results[0], rule, sizes)

@@ -54,6 +54,21 @@ def compose_dim(dim: DimFactors, fax: Mapping[int, Axes], rule: FactorRule, size
     return axes
 
 
+
+def compose_spec(dims: Sequence[DimFactors], fax: Mapping[int, Axes], rule: FactorRule,
+                 sizes: Mapping[str, int]) -> Spec:
+    """The spec a value takes whose dims have the factors ``dims`` (a rule's ``operands[i]`` or
+    ``results[j]``), given the factors' axes ``fax``: :func:`compose_dim` per dim, ``()`` for a
+    dim without factors.
+
+    >>> from automap.rules.registry import Factor, FactorRule
+    >>> x, w, y = ((0,), (1,)), ((1,), (2,)), ((0,), (2,))  # y = x @ w: factors 0 (rows), 1 (summed), 2 (columns)
+    >>> rule = FactorRule((Factor(8), Factor(4, "reduction"), Factor(6)), (x, w), (y,))
+    >>> compose_spec(rule.results[0], {0: ("data",), 1: ("model",)}, rule, {"data": 2, "model": 4})
+    (('data',), ())
+    """
+    return tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
+
 def _candidates(rule: FactorRule, dims_of: Sequence, spec_list: Sequence, sizes: Mapping[str, int]) -> Candidates:
     cands: Candidates = {}
     for pos, (spec, dims) in enumerate(zip(spec_list, dims_of, strict=True)):

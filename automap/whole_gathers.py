@@ -21,7 +21,22 @@ def whole_partner_gathers(op: Op, state, fax: dict[int, Axes], templates_of) -> 
     on some axis (but where :func:`_partner_on_the_sums_axes` finds it contends for the sum's
     axes), the split operand split on a dim it keeps too (``exp(x) @ w``, its rows on 'data'
     and its features on 'model': XLA all-reduces the partial result over 'model'), or the result
-    wanting the gathered axes on a dim of the split operand (XLA does otherwise there)."""
+    wanting the gathered axes on a dim of the split operand (XLA does otherwise there).
+
+    What it makes of ``x @ w``, ``x`` split on the sum over 'model' and ``w`` whole (through
+    :func:`automap.analysis.reshards`, which applies it): ``x`` gathered, no partial sums.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.analysis import reshards
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> prog = lower(jax.make_jaxpr(lambda x, w: x @ w)(jnp.ones((8, 16)), jnp.ones((16, 64))), ["x", "w"], ["y"])
+    >>> (x, w), (y,) = prog.inputs, prog.outputs
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4})
+    >>> specs = {x: ((), ("model",)), w: ((), ()), y: ((), ())}
+    >>> [(r.kind, r.axes, r.bytes) for r in reshards(state.replace(specs=specs))]
+    [('all-gather', ('model',), 512)]
+    """
     rule = op.rule
     summed = {a for f in rule.reduction_factors for a in fax.get(f, ())}
     if not summed or len(op.linked_inputs) != 2:

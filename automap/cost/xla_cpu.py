@@ -9,7 +9,7 @@ import math
 from typing import Callable, Collection, Mapping, Sequence
 
 from automap.analysis import POOLING_GRADIENTS, Reshard, execution_factors
-from automap.factors import compose_dim
+from automap.factors import compose_spec
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState
@@ -158,7 +158,7 @@ def _computed_result_bytes(op: Op, state: ShardingState) -> int:
     across the devices is computed whole on each, then reduce-scattered."""
     fax = execution_factors(op, state)
     dims = op.rule.results[0] if op.rule is not None else ()
-    spec = tuple(compose_dim(fs, fax, op.rule, state.axes) if fs else () for fs in dims)
+    spec = compose_spec(dims, fax, op.rule, state.axes)
     return state.program.values[op.outputs[0]].nbytes // math.prod(state.axes[a] for axes in spec for a in axes)
 
 
