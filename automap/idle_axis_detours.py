@@ -37,15 +37,12 @@ def idle_axis_detours(op: Op, state, fax: dict[int, Axes], templates: tuple) -> 
     :func:`automap.analysis.reshards`, which applies it): ``w``'s rows permuted so that 'model'
     splits the sum too, and the partial results all-reduced over it, rather than ``w`` gathered.
 
-    >>> import jax, jax.numpy as jnp
-    >>> from automap.analysis import reshards
-    >>> from automap.ir.lower import lower
-    >>> from automap.shardings import ShardingState
-    >>> prog = lower(jax.make_jaxpr(lambda x, w: x @ w)(jnp.ones((8, 16)), jnp.ones((16, 64))), ["x", "w"], ["y"])
-    >>> (x, w), (y,) = prog.inputs, prog.outputs
-    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4})
-    >>> specs = {x: (("data",), ()), w: (("data",), ()), y: (("data",), ())}
-    >>> [(r.kind, r.axes, r.bytes) for r in reshards(state.replace(specs=specs))]
+    >>> import jax, jax.numpy as jnp, automap.analysis, automap.ir.lower, automap.shardings
+    >>> jaxpr = jax.make_jaxpr(jnp.matmul)(jnp.ones((8, 16)), jnp.ones((16, 64)))
+    >>> prog = automap.ir.lower.lower(jaxpr, ["x", "w"], ["y"])
+    >>> fsdp = {v: (("data",), ()) for v in prog.inputs + prog.outputs}  # x's rows, w's rows, y's rows
+    >>> state = automap.shardings.ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs=fsdp)
+    >>> [(r.kind, r.axes, r.bytes) for r in automap.analysis.reshards(state)]
     [('collective-permute', ('data', 'model'), 1024), ('all-reduce', ('model',), 1024)]
     """
     if not templates or op.primitive not in ("dot_general", "conv_general_dilated"):  # measured on these alone
