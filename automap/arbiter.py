@@ -165,7 +165,8 @@ def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, An
     bytes sent are at most the ceiling plan's (within :data:`BYTES_TIE`) and its memory at most
     the ceiling's (within :data:`MEMORY_SLACK`), so the ceiling promise holds by XLA's measure
     (without a ceiling plan among them, the answer's measure is the ceiling). The fastest admitted
-    candidate by the cost model's time is the start; while an admitted candidate *beats* the one
+    candidate by the cost model's time (each priced in the layout it compiles to:
+    :func:`search.mcts.as_emitted`) is the start; while an admitted candidate *beats* the one
     kept by XLA's measure (no worse in bytes sent and memory within :data:`MEMORY_SLACK`, as
     :func:`prefer` trades them, and better in one by more than :data:`BYTES_TIE`; the kept one
     not so against it), the fastest such not kept before replaces it: XLA's measure moves the

@@ -111,15 +111,18 @@ def make_plan(
 
         before = state
 
+        emitted_layout = _emitted_layout(program, pairs, pins)
+
         def research(budget: Any) -> tuple[ShardingState, Any]:  # the search again, under another budget
             return run_search(search, before, topology=topology, memory_budget=budget, donated=donated,
-                              data_inputs=data_inputs, context=ctx, keep_user_remat=keep_user_remat)[:2]
+                              data_inputs=data_inputs, context=ctx, keep_user_remat=keep_user_remat,
+                              emitted_layout=emitted_layout)[:2]
 
         unfit = None  # no plan fits by estimate: XLA's measure of the final candidates must find one
         try:
             state, found, search_notes = run_search(
                 search, state, topology=topology, memory_budget=memory_budget, donated=donated,
-                data_inputs=data_inputs, context=ctx, keep_user_remat=keep_user_remat,
+                data_inputs=data_inputs, context=ctx, keep_user_remat=keep_user_remat, emitted_layout=emitted_layout,
             )
         except MemoryBudgetError as error:  # the estimate errs both ways: XLA measures its candidates
             if error.result is None or not error.result.alternatives or not affordable(arbiter, program):
@@ -241,6 +244,24 @@ def _tie_outputs(state: ShardingState, program: Program, pairs: dict[int, int]) 
         if vid not in inputs and state.spec(vid) != want:
             specs[vid] = want
     return state.replace(specs=specs), out_specs
+
+
+def _emitted_layout(program: Program, pairs: dict[int, int],
+                    pins: emit.PinPolicy) -> Callable[[ShardingState], ShardingState]:
+    """A function giving a search state's layout as its plan compiles (what
+    :attr:`automap.api.Plan.layout` prices): for a plan that pins nothing, in a program
+    :func:`automap.xla_layout.models`, the layout XLA's propagation gives its specs (fed-back
+    outputs tied); otherwise the state itself."""
+    from automap.xla_layout import models, xla_layout
+
+    if not models(program):
+        return lambda state: state
+
+    def laid_out(state: ShardingState) -> ShardingState:
+        tied, _ = _tie_outputs(state, program, pairs)
+        return state if emit.pinned_values(tied, pins) else xla_layout(tied)
+
+    return laid_out
 
 
 def _state_measurer(traced: Traced, program: Program, mesh: Mesh, pairs: dict[int, int],

@@ -45,7 +45,7 @@ Every dim gets priority 0: where values still disagree at an op, the cost model
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op, Program
@@ -101,29 +101,65 @@ def xla_layout(state: ShardingState) -> ShardingState:
     fixed = frozenset(program.inputs) | frozenset(program.outputs)
     specs = {v: state.specs[v] for v in fixed if v in state.specs}
     sizes = state.axes
-    order = hlo_order(program)
-    position = {op.id: i for i, op in enumerate(order)}
-    # a changed value's producer, then its users, latest first: the first user is popped first
-    neighbours = [[o for o in ops if vid in o.linked_outputs]
-                  + sorted((o for o in ops if vid not in o.linked_outputs), key=lambda o: -position[o.id])
-                  for vid, ops in enumerate(program.users_of)]
-    single = _single_use(program)
+    order, neighbours, facts = _static(program)
     budget = 64 * (len(order) + 1)
     for level in range(len(ROUNDS)):
-        queue = [op for op in reversed(order) if _takes_part(op, level, single[op.id])]  # popped in XLA's order
+        queue = [op for op in reversed(order) if facts[op.id].takes_part[level]]  # popped in XLA's order
         queued = set(queue)
         while queue and budget:
             budget -= 1
             op = queue.pop()
             queued.discard(op)
-            for vid in _step(op, level, single[op.id], specs, fixed, sizes, program.values):
+            for vid in _step(op, level, facts[op.id], specs, fixed, sizes):
                 for other in neighbours[vid]:
-                    if other is not op and other not in queued and _takes_part(other, level, single[other.id]):
+                    if other is not op and other not in queued and facts[other.id].takes_part[level]:
                         queued.add(other)
                         queue.append(other)
     priority = {(v, d): 0 for v, spec in specs.items() for d, axes in enumerate(spec) if axes}
     return ShardingState(program, dict(sizes), specs=specs, priority=priority, frozen=state.frozen | fixed,
                          next_priority=max(state.next_priority, 1), labels=dict(state.labels))
+
+
+class _Facts(NamedTuple):
+    """What :func:`_step` reads of an op that no state changes (computed once per program)."""
+
+    elementwise: bool  # _pass_through
+    every: set[int]  # the factors of more than one element
+    holds: list[set[int]]  # per linked value, the factors its dims hold
+    sized: list[set[int]]  # per linked value, those of more than one element
+    directions: tuple[tuple[str, ...], ...]  # per round, per factor: _direction
+    takes_part: tuple[bool, ...]  # per round: _takes_part
+    spread: bool  # _same_dims
+    elements: list[int]  # per linked value, its number of elements
+
+
+def _static(program: Program) -> tuple[list[Op], list[list[Op]], dict[int, _Facts]]:
+    """The op order, each value's neighbours in the order Shardy's driver visits them (a changed
+    value's producer, then its users, latest first: the first user is popped first) and each
+    op's :class:`_Facts`: what :func:`xla_layout` derives from the program alone, memoised on it."""
+
+    def compute():
+        order = hlo_order(program)
+        position = {op.id: i for i, op in enumerate(order)}
+        neighbours = [[o for o in ops if vid in o.linked_outputs]
+                      + sorted((o for o in ops if vid not in o.linked_outputs), key=lambda o: -position[o.id])
+                      for vid, ops in enumerate(program.users_of)]
+        single = _single_use(program)
+        facts = {}
+        for op in program.all_ops:
+            rule = op.rule
+            holds = [{f for dim in dims for f in dim} for dims in rule.operands + rule.results]
+            elementwise = _pass_through(rule, rule.operands + rule.results)
+            directions = tuple(tuple(_direction(op, level, f, single[op.id], elementwise)
+                                     for f in range(len(rule.factors))) for level in range(len(ROUNDS)))
+            facts[op.id] = _Facts(
+                elementwise, _sized(rule, range(len(rule.factors))), holds,
+                [_sized(rule, h) for h in holds], directions, tuple(bool(rule.factors) and any(d) for d in directions),
+                _same_dims(rule.operands + rule.results, len(rule.operands)),
+                [math.prod(program.values[v].shape) for v in op.linked])
+        return order, neighbours, facts
+
+    return program.memo_of(program.ops, ("xla_layout.static",), compute)
 
 
 def hlo_order(program: Program) -> list[Op]:
@@ -209,24 +245,19 @@ def _single_use(program: Program) -> dict[int, bool]:
 SQUARING = ("integer_pow", "square")
 
 
-def _takes_part(op: Op, level: int, single: bool) -> bool:
-    rule = op.rule
-    return bool(rule.factors) and any(_direction(op, level, f, single) for f in range(len(rule.factors)))
-
-
 FORWARD_ONLY = ("dynamic_slice", "dynamic_update_slice")
 
 
-def _direction(op: Op, level: int, f: int, single: bool) -> str:
+def _direction(op: Op, level: int, f: int, single: bool, elementwise: bool) -> str:
     """How round ``level`` propagates factor ``f`` through ``op``: "both" ways, "forward" (from
     the operands), "backward" (from the results) or "" (not at all); each round also does what
     the rounds before it did, but the first, which only takes ops whose operands have one use
-    (``single``)."""
+    (``single``); an ``elementwise`` op (:func:`_pass_through`) both ways from the first."""
     rule = op.rule
     kind = rule.factors[f].kind
     if kind == "blocked" or (level == 0 and not single):
         return ""
-    if _pass_through(rule, rule.operands + rule.results):
+    if elementwise:
         return "both"
     first = "forward" if op.primitive in FORWARD_ONLY else ""
     if level <= 1 or (level == 2 and kind != "parallel"):
@@ -245,33 +276,34 @@ def _common(old: Axes, new: Axes, can_expand: bool) -> tuple[Axes, bool]:
     return (old + new[n:] if can_expand else old), can_expand
 
 
-def _step(op: Op, level: int, single: bool, specs: dict, fixed: frozenset, sizes: Mapping[str, int],
-          values: Sequence) -> list[int]:
+def _step(op: Op, level: int, facts: _Facts, specs: dict, fixed: frozenset, sizes: Mapping[str, int]) -> list[int]:
     """Propagate through one op (module docstring); returns the values whose spec grew."""
     rule = op.rule
     linked = op.linked
     dims_of = rule.operands + rule.results
     n_operands = len(rule.operands)
+    holds = facts.holds
     cur: list[dict[int, Axes]] = []
-    holds: list[set[int]] = []
+    found = False
     for vid, dims in zip(linked, dims_of, strict=True):
         spec = specs.get(vid)
         fax: dict[int, Axes] = {}
         if spec is not None:
+            found = True
             for d, fs in enumerate(dims):
                 if spec[d] and fs:
                     fax.update(split_dim(spec[d], fs, rule, sizes))
         cur.append(fax)
-        holds.append({f for dim in dims for f in dim})
-    elementwise = _pass_through(rule, dims_of)
-    every = _sized(rule, range(len(rule.factors)))
+    if not found:  # nothing to propagate
+        return []
+    elementwise = facts.elementwise
+    every = facts.every
     # an elementwise op's operand broadcast along size-1 dims is an implicit broadcast_in_dim: it
     # proposes nothing before the last round, and takes axes (backward) from the third on
-    broadcast = {t for t in range(n_operands) if elementwise and _sized(rule, holds[t]) != every} if level < 4 else set()
+    broadcast = {t for t in range(n_operands) if elementwise and facts.sized[t] != every} if level < 4 else set()
     wanted: dict[int, Axes] = {}
     operands, results = list(range(n_operands)), list(range(n_operands, len(linked)))
-    for f in range(len(rule.factors)):
-        direction = _direction(op, level, f, single)
+    for f, direction in enumerate(facts.directions[level]):
         if not direction:
             continue
         first, then = (results, operands) if direction == "backward" else (operands, results)
@@ -291,13 +323,13 @@ def _step(op: Op, level: int, single: bool, specs: dict, fixed: frozenset, sizes
     # factors in order of preference: the larger source value, then the earlier one, then the factor
     source: dict[int, tuple[int, int]] = {}
     for t in range(len(dims_of)):
-        size = math.prod(values[linked[t]].shape)  # XLA's rules give every dim a factor (a conv's window too)
+        size = facts.elements[t]  # XLA's rules give every dim a factor (a conv's window too)
         for f in holds[t] & wanted.keys():
             got = cur[t].get(f, ())
             if got[: len(wanted[f])] == wanted[f] and len(got) >= len(wanted[f]) and size > source.get(f, (-1, 0))[0]:
                 source[f] = (size, t)
     # at an elementwise op, a tie in size goes to the factor split more ways (Shardy's aggressive strategy)
-    spread = _same_dims(dims_of, n_operands)
+    spread = facts.spread
     order = sorted(wanted, key=lambda f: (-source.get(f, (-1, 0))[0],
                                           -math.prod(sizes[a] for a in wanted[f]) if spread else 0,
                                           source.get(f, (-1, 0))[1], f))

@@ -46,16 +46,18 @@ def check_budget(state: ShardingState, peak_bytes: int, memory_budget: int | str
 def run_search(
     searcher: Any, state: ShardingState, *, topology: Topology | None, memory_budget: int | str | None,
     donated: Any = (), data_inputs: Any = (), context: Any = None, keep_user_remat: bool = False,
+    emitted_layout: Any = None,
 ) -> tuple[ShardingState, SearchResult, tuple[str, ...]]:
     """Search from ``state``; raise :class:`MemoryBudgetError` if nothing explored fits. Unless
     ``keep_user_remat``, the answer without the model's own remat (alone, or with blocks
     recomputed: :func:`search.recompute.without_user_remat`) replaces it when the objective
-    orders it first."""
+    orders it first. ``emitted_layout`` (state -> the layout its program compiles to) prices the
+    final candidates (:meth:`search.space.SearchSpace.emitted_score`)."""
     topology = topology or default_topology()
     budget = budget_bytes(memory_budget, topology)
     space = SearchSpace(
         state, topology=topology, memory_budget=budget, donated=tuple(donated), data_inputs=tuple(data_inputs),
-        context=context,
+        context=context, emitted_layout=emitted_layout,
     )
     result = searcher.search(space)
     recomputing: tuple[str, ...] = ()

@@ -144,8 +144,13 @@ class SearchSpace:
         min_share: float = 0.02,
         context: Any = None,
         macros: Sequence[str] = DEFAULT_MACROS,
+        emitted_layout: Callable[[ShardingState], ShardingState] | None = None,
     ):
         self.root = root
+        # state -> the layout its program compiles to (the state itself where it is pinned as planned):
+        # :meth:`emitted_score` prices the final candidates there
+        self.emitted_layout = emitted_layout
+        self._emitted: dict[frozenset, Score] = {}
         self.program = root.program
         self.topology = topology
         self.memory_budget = memory_budget
@@ -290,6 +295,20 @@ class SearchSpace:
             elif entry > self.fastest[0]:
                 heapq.heapreplace(self.fastest, entry)
         return got
+
+    def emitted_score(self, state: ShardingState) -> Score:
+        """The score of the program ``state`` compiles to: :meth:`score` where the plan pins its
+        layout, else the score of the layout XLA gives it (``emitted_layout``: a plan that decided
+        only its inputs pins nothing, :func:`automap.emit.pinned_values`, and compiles to what
+        ``jax.jit`` makes of its shardings, :mod:`automap.xla_layout`). Too dear for every state
+        (the model of XLA's propagation costs 10-30 estimates), it prices the final candidates."""
+        laid = state if self.emitted_layout is None else self.emitted_layout(state)
+        if laid is state:
+            return self.score(state)
+        key = state.key()
+        if key not in self._emitted:
+            self._emitted[key] = self._raw(laid)
+        return self._emitted[key]
 
     def rescore(self, state: ShardingState) -> Score:
         """:meth:`score` for a state its key does not identify (a recomputing program, whose

@@ -291,7 +291,7 @@ def test_fsdp_over_the_whole_mesh_is_a_final_candidate_whatever_its_estimate(mon
     found = SimpleNamespace(best=SimpleNamespace(state=SimpleNamespace(key=lambda: "answer")), pool=())
     objective = SimpleNamespace(best=lambda plans: None, ceiling=None)
     got = mcts._alternatives(SimpleNamespace(describe=str), found, None, objective)
-    assert [(label, state) for label, state, _ in got] == [("expert ()", joint.state)]
+    assert [(label, plan.state) for label, plan in got] == [("expert ()", joint.state)]
 
 
 def test_a_budget_no_plan_fits_by_estimate_is_met_by_a_final_candidate_xla_measures_within_it(monkeypatch):
