@@ -199,12 +199,41 @@ def _scaled_matmul(ctx: RuleContext, **_: Any) -> FactorRule:
 
 
 # a contraction, but its windows make it no matmul for the tactics (and its FLOPs no dot FLOPs)
-def _batch_grouped_cpu_flops(ctx: RuleContext, *, batch_group_count: int = 1, **params: Any) -> int:
-    """XLA:CPU expands a batch-grouped convolution (a depthwise conv's kernel gradient) into a dense
-    one over all ``G`` groups and keeps the diagonal: ``G`` times the arithmetic, so its FLOPs grow
-    with the square of the groups (measured: a 7x7 depthwise kernel gradient over 32 channels,
-    401,408 FLOPs of arithmetic, 12,845,056 compiled; with the channels split 4 ways, 802,816)."""
-    return _conv_flops(ctx, **params) * batch_group_count
+def _cpu_conv_flops(ctx: RuleContext, *, batch_group_count: int = 1, lhs_dilation: Any = None,
+                    dimension_numbers: Any = None, **params: Any) -> int:
+    """A convolution's FLOPs as XLA:CPU compiles it (:func:`_conv_flops` otherwise):
+
+    - a batch-grouped convolution (a depthwise conv's kernel gradient) is expanded into a dense
+      one over all ``G`` groups, keeping the diagonal: ``G`` times the arithmetic, so its FLOPs
+      grow with the square of the groups (measured: a 7x7 depthwise kernel gradient over 32
+      channels, 401,408 FLOPs of arithmetic, 12,845,056 compiled; with the channels split 4
+      ways, 802,816);
+    - a base-dilated convolution whose window covers its result (a transposed conv's kernel
+      gradient: the window is the output's gradient, the input dilated by the stride) runs with
+      the operands swapped, the dilation on the window, over the input's elements alone: the
+      FLOPs divided by the dilation (flax ``ConvTranspose`` strides 2, 3 and 2x2: 1/2, 1/3, 1/4
+      of the count with the holes; the forward conv, its window smaller than its result, keeps
+      them).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.cost.flops import dot_flops
+    >>> up = lambda x, w: jax.lax.conv_transpose(x, w, (2,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))
+    >>> grad = jax.grad(lambda w, x: up(x, w).sum())
+    >>> prog = lower(jax.make_jaxpr(grad)(jnp.ones((2, 8, 4)), jnp.ones((3, 4, 8))), ["w", "x"], ["dw"])
+    >>> [(dot_flops(prog, op), dot_flops(prog, op, "cpu")) for op in prog.ops if op.primitive == "conv_general_dilated"]
+    [(3072, 1536)]
+
+    (2 x 64 kernel entries x 3 examples x 8 output positions; on XLA:CPU x the 4 input positions.)
+    """
+    flops = _conv_flops(ctx, dimension_numbers=dimension_numbers, **params) * batch_group_count
+    dilation = math.prod(lhs_dilation or ())
+    if dilation > 1 and dimension_numbers is not None:
+        rhs, out = ctx.operands[1].shape, ctx.results[0].shape
+        (_, rhs_spec, out_spec) = dimension_numbers
+        if all(rhs[r] >= out[o] for r, o in zip(rhs_spec[2:], out_spec[2:])):
+            flops //= dilation
+    return flops
 
 
 def _batch_groups_factor(rule: FactorRule, *, batch_group_count: int = 1, dimension_numbers: Any = None,
@@ -217,7 +246,7 @@ def _batch_groups_factor(rule: FactorRule, *, batch_group_count: int = 1, dimens
 
 
 @register("conv_general_dilated", traits=contraction(
-    _conv_contracted, kind="convolution", flops=_conv_flops, platform_flops=(("cpu", _batch_grouped_cpu_flops),),
+    _conv_contracted, kind="convolution", flops=_conv_flops, platform_flops=(("cpu", _cpu_conv_flops),),
     platform_quadratic=(("cpu", _batch_groups_factor),), platform_upcast=CPU_BF16_IN_F32))
 def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int = 1,
           batch_group_count: int = 1, **_: Any) -> FactorRule:
