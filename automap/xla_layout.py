@@ -24,6 +24,10 @@ strategy), through automap's factor rules:
   'data' and a same-size feature split on ('data', 'model') at a multiply;
 - a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
   of an elementwise op takes no more axes sideways than its result holds;
+- a loop is taken as Shardy's ``while``: its invariant operands are the body's own values, its
+  carries data-flow edges taken after the body's ops, not when their init changes
+  (:mod:`automap.xla_loops`); a ``split`` passes the split dim's axes on to its pieces (XLA's
+  slices do, :func:`_split_as_shardy`);
 - ops are taken in the order XLA hands them to Shardy (:func:`hlo_order`: the HLO module's
   post-order from its outputs, not the jaxpr's), the ops of a value just extended next, its first
   user first and its producer last (MLIR's greedy rewrite driver, top-down, as Shardy runs it:
@@ -49,36 +53,11 @@ from typing import Mapping, Sequence
 
 from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op, Program
-from automap.rules.registry import FactorRule
+from automap.rules.registry import Factor, FactorRule
 from automap.shardings import ShardingState
+from automap.xla_loops import LOOPS, Link, share_owners, with_loop_links
 
-__all__ = ["hlo_order", "models", "xla_layout"]
-
-LOOPS = ("scan", "while")
-
-
-def models(program: Program) -> bool:
-    """Whether :func:`xla_layout` models XLA's propagation of ``program``: it has no loop.
-
-    Not modelled: which layout wins a loop's carry. The model gives the carry its init's layout
-    (the first to reach it in program order); XLA can give it the body's and reshard the init at
-    the loop's entry. Corpus gpt_linen_scan, ``manual_fsdp`` (the inputs-only program), mesh 2x4:
-    XLA's forward carry (8, 16, 64) is split on d_model over ('data', 'model') (while tuple
-    f32[8,16,8] per device) and its init, the embedding, on the batch; the model puts the batch
-    on the carry and is 0.71x XLA's bytes sent (829,157 vs 1,173,893 B), 0.84x its memory. With
-    the carry fixed to XLA's layout, the rest propagated as modelled: 1.05x and 1.01x. Making the
-    control-flow links Shardy's data-flow edges (pass-through from the first round) leaves every
-    value's layout as it is: both layouts reach the carry in the second round.
-
-    >>> import jax, jax.numpy as jnp
-    >>> from automap.ir.lower import lower
-    >>> def scanned(x):
-    ...     return jax.lax.scan(lambda h, _: (jnp.tanh(h), None), x, None, length=3)[0]
-    >>> [models(lower(jax.make_jaxpr(f)(jnp.ones(4)), ["x"], ["y"])) for f in (jnp.tanh, scanned)]
-    [True, False]
-    """
-    return not any(op.primitive in LOOPS for op in program.all_ops)
-
+__all__ = ["hlo_order", "xla_layout"]
 
 ROUNDS = ("pass-through ops, operands of one use", "pass-through ops", "parallel factors",
           "all factors, broadcasts backward", "all factors")
@@ -101,13 +80,18 @@ def xla_layout(state: ShardingState) -> ShardingState:
     fixed = frozenset(program.inputs) | frozenset(program.outputs)
     specs = {v: state.specs[v] for v in fixed if v in state.specs}
     sizes = state.axes
-    order = hlo_order(program)
+    order = with_loop_links(program, hlo_order(program))
     position = {op.id: i for i, op in enumerate(order)}
+    users_of = [[o for o in ops if o.primitive not in LOOPS] for ops in program.users_of]
+    for link in order:
+        if isinstance(link, Link):
+            for vid in link.owners:
+                users_of[vid].append(link)
     # a changed value's producer, then its users, latest first: the first user is popped first
     neighbours = [[o for o in ops if vid in o.linked_outputs]
                   + sorted((o for o in ops if vid not in o.linked_outputs), key=lambda o: -position[o.id])
-                  for vid, ops in enumerate(program.users_of)]
-    single = _single_use(program)
+                  for vid, ops in enumerate(users_of)]
+    single = _single_use(program) | {op.id: True for op in order if isinstance(op, Link)}
     budget = 64 * (len(order) + 1)
     for level in range(len(ROUNDS)):
         queue = [op for op in reversed(order) if _takes_part(op, level, single[op.id])]  # popped in XLA's order
@@ -116,7 +100,7 @@ def xla_layout(state: ShardingState) -> ShardingState:
             budget -= 1
             op = queue.pop()
             queued.discard(op)
-            for vid in _step(op, level, single[op.id], specs, fixed, sizes, program.values):
+            for vid in _take(op, level, single[op.id], specs, fixed, sizes, program.values):
                 for other in neighbours[vid]:
                     if other is not op and other not in queued and _takes_part(other, level, single[other.id]):
                         queued.add(other)
@@ -162,6 +146,39 @@ def hlo_order(program: Program) -> list[Op]:
             stack.extend((producer[v], False) for v in reversed(op.inputs) if v in producer and producer[v].id not in done)
     nested = {op.id: [o for o, _ in _walk(op)] for op in order if op.regions}
     return [o for op in order for o in [op, *nested.get(op.id, ())]]
+
+
+def _take(op, level: int, single: bool, specs: dict, fixed: frozenset, sizes: Mapping[str, int],
+          values: Sequence) -> list[int]:
+    """:func:`_step`; at a loop's edge its owners (the body inputs, the result) hold one layout:
+    the one that extends the others, before and after the step."""
+    if op.primitive == "split":
+        op = _split_as_shardy(op)
+    if op.primitive != "loop_edge":
+        return _step(op, level, single, specs, fixed, sizes, values)
+    owners = op.linked_outputs
+    changed = share_owners(owners, specs, fixed)
+    changed += _step(op, level, single, specs, fixed, sizes, values)
+    changed += share_owners(owners, specs, fixed)
+    return list(dict.fromkeys(changed))
+
+
+def _split_as_shardy(op: Op) -> Link:
+    """A ``split`` as Shardy propagates it: XLA hands it one ``slice`` per piece, whose rule
+    shares every dim with its operand, the sliced one too (``([i, j])->([i, j])``): a split dim
+    passes its axes on, and the partitioner moves the pieces by collective-permutes. automap's rule
+    keeps the dim whole (for the layouts it pins, :func:`automap.rules.shape._split`); the estimate
+    prices the layout with it. Held-out flax LSTM (its gates split from one (8, 128) dot inside the
+    scan), FSDP specs, inputs-only, mesh 2x4: XLA splits the gates' features on 'model' as the
+    weights' are; kept whole, the model replicated them (1.40x XLA's memory, 1.22x its dot FLOPs
+    under ``fsdp_tp``)."""
+    rule = op.rule
+    axis = op.params["axis"] % len(rule.operands[0])
+    shared = len(rule.factors)
+    dims = lambda all_dims: tuple(tuple((shared,) if d == axis else fs for d, fs in enumerate(v))  # noqa: E731
+                                  for v in all_dims)
+    rule = FactorRule(rule.factors + (Factor(math.gcd(*map(int, op.params["sizes"]))),), dims(rule.operands), dims(rule.results))
+    return Link(op.id, "split", rule, op.linked_inputs, op.linked_outputs, frozenset(), False)
 
 
 def _walk(op: Op):
