@@ -10,12 +10,16 @@ the value the body yields. The edge op is taken in its place in the module, afte
 and again when its owner changes, not when a source does: where the init gets its layout in the
 same round as the body's ops give the body input theirs, the body's wins, and the init is resharded
 at the loop's entry. Measured (jaxlib's ``sdy-op-priority-propagate`` with
-``debug-propagation-edge-sharding`` on the module XLA dumps before propagation): the corpus
+``debug-propagation-edge-sharding`` on the module XLA dumps before propagation: with
+``XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_pass_re=shardy-xla``, ``DIR/shardy/<module>/01.before_propagation.mlir``,
+run by ``jaxlib.mlir.passmanager`` as ``sdy-add-data-flow-edges,sdy-op-priority-propagate{...}`` in
+JAX's MLIR context, the verifier off; without the first pass a ``while`` is not propagated as XLA
+propagates it, and ``02.after_propagation.mlir`` is XLA's own result): the corpus
 gpt_linen_scan's ``manual_fsdp`` inputs-only program gives its forward init (the embedding, a
 gather) the batch over ('data', 'model') in the third round (step 491), and the body's residual add
 gives the body input d_model over ('data', 'model') from the attention projection five steps later
 (step 496), before the edge is taken: XLA carries d_model. Where the init's layout arrives in an
-earlier round than the body's (an elementwise init), the edge is taken first and the init's wins.
+earlier round than the body's, the edge is taken in that round and the init's wins.
 
 :func:`loop_links` gives, per loop op, the ops standing for its links (:class:`Link`): a *tie*
 per invariant operand (taken where the loop op is, as any op, both ways; a scanned input's tie as
