@@ -74,15 +74,10 @@ class Plan:
     def xla_lays_out(self) -> bool:
         """Whether the compiled program's intermediates are laid out as :mod:`automap.xla_layout`
         models XLA's propagation: nothing is pinned, or the arbiter kept the inputs-only program
-        (:mod:`automap.arbiter`), in a program without a loop (XLA can lay a loop's carry out as
-        its body wants and reshard the init, which the model does not follow: the scanned zoo
-        GPT's inputs-only FSDP program sent 1.41x the bytes estimated in it, 0.92x as planned;
-        :func:`automap.xla_layout.models`)."""
-        from automap.xla_layout import models
-
+        (:mod:`automap.arbiter`); a loop's carry as Shardy's data-flow edges lay it out
+        (:mod:`automap.xla_loops`)."""
         arbitration = self.measured.get("arbitration")
-        kept_free = not self.pins or (arbitration is not None and arbitration.kept.name == "inputs-only")
-        return kept_free and models(self.program)
+        return not self.pins or (arbitration is not None and arbitration.kept.name == "inputs-only")
 
     def _of_layout(self, what: str, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per layout: :attr:`xla_lays_out` can change when the first call

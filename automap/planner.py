@@ -249,13 +249,9 @@ def _tie_outputs(state: ShardingState, program: Program, pairs: dict[int, int]) 
 def _emitted_layout(program: Program, pairs: dict[int, int],
                     pins: emit.PinPolicy) -> Callable[[ShardingState], ShardingState]:
     """A function giving a search state's layout as its plan compiles (what
-    :attr:`automap.api.Plan.layout` prices): for a plan that pins nothing, in a program
-    :func:`automap.xla_layout.models`, the layout XLA's propagation gives its specs (fed-back
-    outputs tied); otherwise the state itself."""
-    from automap.xla_layout import models, xla_layout
-
-    if not models(program):
-        return lambda state: state
+    :attr:`automap.api.Plan.layout` prices): for a plan that pins nothing, the layout XLA's
+    propagation gives its specs (fed-back outputs tied); otherwise the state itself."""
+    from automap.xla_layout import xla_layout
 
     def laid_out(state: ShardingState) -> ShardingState:
         tied, _ = _tie_outputs(state, program, pairs)

@@ -24,6 +24,10 @@ strategy), through automap's factor rules:
   'data' and a same-size feature split on ('data', 'model') at a multiply;
 - a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
   of an elementwise op takes no more axes sideways than its result holds;
+- a loop is taken as Shardy's ``while``: its invariant operands are the body's own values, its
+  carries data-flow edges taken after the body's ops, not when their init changes
+  (:mod:`automap.xla_loops`); a ``split`` passes the split dim's axes on to its pieces (XLA's
+  slices do, :func:`_split_as_shardy`);
 - ops are taken in the order XLA hands them to Shardy (:func:`hlo_order`: the HLO module's
   post-order from its outputs, not the jaxpr's), the ops of a value just extended next, its first
   user first and its producer last (MLIR's greedy rewrite driver, top-down, as Shardy runs it:
@@ -49,36 +53,11 @@ from typing import Mapping, NamedTuple, Sequence
 
 from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op, Program
-from automap.rules.registry import FactorRule
+from automap.rules.registry import Factor, FactorRule
 from automap.shardings import ShardingState
+from automap.xla_loops import LOOPS, Link, share_owners, with_loop_links
 
-__all__ = ["hlo_order", "models", "xla_layout"]
-
-LOOPS = ("scan", "while")
-
-
-def models(program: Program) -> bool:
-    """Whether :func:`xla_layout` models XLA's propagation of ``program``: it has no loop.
-
-    Not modelled: which layout wins a loop's carry. The model gives the carry its init's layout
-    (the first to reach it in program order); XLA can give it the body's and reshard the init at
-    the loop's entry. Corpus gpt_linen_scan, ``manual_fsdp`` (the inputs-only program), mesh 2x4:
-    XLA's forward carry (8, 16, 64) is split on d_model over ('data', 'model') (while tuple
-    f32[8,16,8] per device) and its init, the embedding, on the batch; the model puts the batch
-    on the carry and is 0.71x XLA's bytes sent (829,157 vs 1,173,893 B), 0.84x its memory. With
-    the carry fixed to XLA's layout, the rest propagated as modelled: 1.05x and 1.01x. Making the
-    control-flow links Shardy's data-flow edges (pass-through from the first round) leaves every
-    value's layout as it is: both layouts reach the carry in the second round.
-
-    >>> import jax, jax.numpy as jnp
-    >>> from automap.ir.lower import lower
-    >>> def scanned(x):
-    ...     return jax.lax.scan(lambda h, _: (jnp.tanh(h), None), x, None, length=3)[0]
-    >>> [models(lower(jax.make_jaxpr(f)(jnp.ones(4)), ["x"], ["y"])) for f in (jnp.tanh, scanned)]
-    [True, False]
-    """
-    return not any(op.primitive in LOOPS for op in program.all_ops)
-
+__all__ = ["hlo_order", "xla_layout"]
 
 ROUNDS = ("pass-through ops, operands of one use", "pass-through ops", "parallel factors",
           "all factors, broadcasts backward", "all factors")
@@ -110,7 +89,7 @@ def xla_layout(state: ShardingState) -> ShardingState:
             budget -= 1
             op = queue.pop()
             queued.discard(op)
-            for vid in _step(op, level, facts[op.id], specs, fixed, sizes):
+            for vid in _take(op, level, facts[op.id], specs, fixed, sizes):
                 for other in neighbours[vid]:
                     if other is not op and other not in queued and facts[other.id].takes_part[level]:
                         queued.add(other)
@@ -123,43 +102,57 @@ def xla_layout(state: ShardingState) -> ShardingState:
 class _Facts(NamedTuple):
     """What :func:`_step` reads of an op that no state changes (computed once per program)."""
 
+    taken: Op | Link  # the op as Shardy propagates it (a split as its slices: :func:`_split_as_shardy`)
     elementwise: bool  # _pass_through
     every: set[int]  # the factors of more than one element
     holds: list[set[int]]  # per linked value, the factors its dims hold
     sized: list[set[int]]  # per linked value, those of more than one element
     directions: tuple[tuple[str, ...], ...]  # per round, per factor: _direction
-    takes_part: tuple[bool, ...]  # per round: _takes_part
+    takes_part: tuple[bool, ...]  # per round: whether the op is queued (its own rule's directions)
     spread: bool  # _same_dims
     elements: list[int]  # per linked value, its number of elements
 
 
-def _static(program: Program) -> tuple[list[Op], list[list[Op]], dict[int, _Facts]]:
-    """The op order, each value's neighbours in the order Shardy's driver visits them (a changed
-    value's producer, then its users, latest first: the first user is popped first) and each
-    op's :class:`_Facts`: what :func:`xla_layout` derives from the program alone, memoised on it."""
+def _static(program: Program) -> tuple[list, list[list], dict[int, _Facts]]:
+    """The ops in the order Shardy takes them (loops as their ties and edges:
+    :func:`automap.xla_loops.with_loop_links`), each value's neighbours in the order Shardy's
+    driver visits them (a changed value's producer, then its users, latest first: the first user
+    is popped first) and each op's :class:`_Facts`: what :func:`xla_layout` derives from the
+    program alone, memoised on it."""
 
     def compute():
-        order = hlo_order(program)
+        order = with_loop_links(program, hlo_order(program))
         position = {op.id: i for i, op in enumerate(order)}
+        users_of = [[o for o in ops if o.primitive not in LOOPS] for ops in program.users_of]
+        for link in order:
+            if isinstance(link, Link):
+                for vid in link.owners:
+                    users_of[vid].append(link)
         neighbours = [[o for o in ops if vid in o.linked_outputs]
                       + sorted((o for o in ops if vid not in o.linked_outputs), key=lambda o: -position[o.id])
-                      for vid, ops in enumerate(program.users_of)]
-        single = _single_use(program)
-        facts = {}
-        for op in program.all_ops:
-            rule = op.rule
-            holds = [{f for dim in dims for f in dim} for dims in rule.operands + rule.results]
-            elementwise = _pass_through(rule, rule.operands + rule.results)
-            directions = tuple(tuple(_direction(op, level, f, single[op.id], elementwise)
-                                     for f in range(len(rule.factors))) for level in range(len(ROUNDS)))
-            facts[op.id] = _Facts(
-                elementwise, _sized(rule, range(len(rule.factors))), holds,
-                [_sized(rule, h) for h in holds], directions, tuple(bool(rule.factors) and any(d) for d in directions),
-                _same_dims(rule.operands + rule.results, len(rule.operands)),
-                [math.prod(program.values[v].shape) for v in op.linked])
-        return order, neighbours, facts
+                      for vid, ops in enumerate(users_of)]
+        single = _single_use(program) | {op.id: True for op in order if isinstance(op, Link)}
+        return order, neighbours, {op.id: _facts_of(op, single[op.id], program) for op in order}
 
     return program.memo_of(program.ops, ("xla_layout.static",), compute)
+
+
+def _facts_of(op: Op | Link, single: bool, program: Program) -> _Facts:
+    def directions(op: Op | Link) -> tuple[tuple[str, ...], ...]:
+        rule = op.rule
+        elementwise = _pass_through(rule, rule.operands + rule.results)
+        return tuple(tuple(_direction(op, level, f, single, elementwise) for f in range(len(rule.factors)))
+                     for level in range(len(ROUNDS)))
+
+    taken = _split_as_shardy(op) if op.primitive == "split" else op
+    rule = taken.rule
+    dims_of = rule.operands + rule.results
+    holds = [{f for dim in dims for f in dim} for dims in dims_of]
+    own = directions(op)
+    return _Facts(taken, _pass_through(rule, dims_of), _sized(rule, range(len(rule.factors))), holds,
+                  [_sized(rule, h) for h in holds], own if taken is op else directions(taken),
+                  tuple(bool(op.rule.factors) and any(d) for d in own), _same_dims(dims_of, len(rule.operands)),
+                  [math.prod(program.values[v].shape) for v in taken.linked])
 
 
 def hlo_order(program: Program) -> list[Op]:
@@ -198,6 +191,36 @@ def hlo_order(program: Program) -> list[Op]:
             stack.extend((producer[v], False) for v in reversed(op.inputs) if v in producer and producer[v].id not in done)
     nested = {op.id: [o for o, _ in _walk(op)] for op in order if op.regions}
     return [o for op in order for o in [op, *nested.get(op.id, ())]]
+
+
+def _take(op, level: int, facts: _Facts, specs: dict, fixed: frozenset, sizes: Mapping[str, int]) -> list[int]:
+    """:func:`_step`; at a loop's edge its owners (the body inputs, the result) hold one layout:
+    the one that extends the others, before and after the step."""
+    if op.primitive != "loop_edge":
+        return _step(facts.taken, level, facts, specs, fixed, sizes)
+    owners = op.linked_outputs
+    changed = share_owners(owners, specs, fixed)
+    changed += _step(op, level, facts, specs, fixed, sizes)
+    changed += share_owners(owners, specs, fixed)
+    return list(dict.fromkeys(changed))
+
+
+def _split_as_shardy(op: Op) -> Link:
+    """A ``split`` as Shardy propagates it: XLA hands it one ``slice`` per piece, whose rule
+    shares every dim with its operand, the sliced one too (``([i, j])->([i, j])``): a split dim
+    passes its axes on, and the partitioner moves the pieces by collective-permutes. automap's rule
+    keeps the dim whole (for the layouts it pins, :func:`automap.rules.shape._split`); the estimate
+    prices the layout with it. Held-out flax LSTM (its gates split from one (8, 128) dot inside the
+    scan), FSDP specs, inputs-only, mesh 2x4: XLA splits the gates' features on 'model' as the
+    weights' are; kept whole, the model replicated them (1.40x XLA's memory, 1.22x its dot FLOPs
+    under ``fsdp_tp``)."""
+    rule = op.rule
+    axis = op.params["axis"] % len(rule.operands[0])
+    shared = len(rule.factors)
+    dims = lambda all_dims: tuple(tuple((shared,) if d == axis else fs for d, fs in enumerate(v))  # noqa: E731
+                                  for v in all_dims)
+    rule = FactorRule(rule.factors + (Factor(math.gcd(*map(int, op.params["sizes"]))),), dims(rule.operands), dims(rule.results))
+    return Link(op.id, "split", rule, op.linked_inputs, op.linked_outputs, frozenset(), False)
 
 
 def _walk(op: Op):
@@ -252,12 +275,12 @@ def _direction(op: Op, level: int, f: int, single: bool, elementwise: bool) -> s
     """How round ``level`` propagates factor ``f`` through ``op``: "both" ways, "forward" (from
     the operands), "backward" (from the results) or "" (not at all); each round also does what
     the rounds before it did, but the first, which only takes ops whose operands have one use
-    (``single``); an ``elementwise`` op (:func:`_pass_through`) both ways from the first."""
+    (``single``)."""
     rule = op.rule
     kind = rule.factors[f].kind
     if kind == "blocked" or (level == 0 and not single):
         return ""
-    if elementwise:
+    if elementwise:  # _pass_through
         return "both"
     first = "forward" if op.primitive in FORWARD_ONLY else ""
     if level <= 1 or (level == 2 and kind != "parallel"):
@@ -276,7 +299,8 @@ def _common(old: Axes, new: Axes, can_expand: bool) -> tuple[Axes, bool]:
     return (old + new[n:] if can_expand else old), can_expand
 
 
-def _step(op: Op, level: int, facts: _Facts, specs: dict, fixed: frozenset, sizes: Mapping[str, int]) -> list[int]:
+def _step(op: Op | Link, level: int, facts: _Facts, specs: dict, fixed: frozenset,
+          sizes: Mapping[str, int]) -> list[int]:
     """Propagate through one op (module docstring); returns the values whose spec grew."""
     rule = op.rule
     linked = op.linked
