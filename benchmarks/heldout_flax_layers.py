@@ -44,6 +44,39 @@ class Conv1D(nn.Module):
         return nn.Dense(C, name="head")(x.reshape(x.shape[0], -1))
 
 
+class AttentionSDPA(nn.Module):
+    """Two pre-norm blocks: ``nn.RMSNorm``, ``nn.DenseGeneral`` heads, ``jax.nn.dot_product_attention``
+    (causal), a GELU MLP; positions by ``jnp.cumsum``."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(V, H, name="embed")(tokens)
+        x = x + nn.Embed(T + 1, H, name="pos")(jnp.cumsum(jnp.ones_like(tokens), axis=1))
+        for i in range(2):
+            h = nn.RMSNorm(name=f"norm{i}")(x)
+            q, k, v = (nn.DenseGeneral((4, H // 4), name=f"{n}{i}")(h) for n in "qkv")
+            a = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+            x = x + nn.DenseGeneral(H, axis=(-2, -1), name=f"o{i}")(a)
+            h = nn.RMSNorm(name=f"mnorm{i}")(x)
+            x = x + nn.Dense(H, name=f"down{i}")(nn.gelu(nn.Dense(4 * H, name=f"up{i}")(h)))
+        return nn.Dense(C, name="head")(x.mean(axis=1))
+
+
+class ConvUp(nn.Module):
+    """A strided ``nn.Conv`` down, ``nn.ConvTranspose`` up, ``nn.LayerNorm``, ``nn.avg_pool``,
+    ``jax.image.resize`` and ``lax.top_k``."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(V, H, name="embed")(tokens)
+        x = nn.swish(nn.Conv(H, (3,), strides=(2,), name="down")(x))
+        x = nn.ConvTranspose(H, (3,), strides=(2,), name="up")(x)
+        x = nn.avg_pool(nn.LayerNorm(name="ln")(x), (2,), strides=(2,))
+        x = jax.image.resize(x, (x.shape[0], T, H), "linear")
+        top = jax.lax.top_k(x.mean(-1), 4)[0]
+        return nn.Dense(C, name="head")(jnp.concatenate([x.max(axis=1), top], axis=-1))
+
+
 def _workload(name, model):
     batch_spec = {"tokens": jax.ShapeDtypeStruct((B, T), jnp.int32), "labels": jax.ShapeDtypeStruct((B,), jnp.int32)}
 
@@ -69,3 +102,11 @@ def lstm():
 
 def conv1d():
     return _workload("conv1d", Conv1D())
+
+
+def attention_sdpa():
+    return _workload("attention_sdpa", AttentionSDPA())
+
+
+def conv_up():
+    return _workload("conv_up", ConvUp())
