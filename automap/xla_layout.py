@@ -16,10 +16,11 @@ strategy), through automap's factor rules:
   to XLA) takes axes from the third round on and gives them only in the fifth, the last;
 - at an op, each factor takes the axes its linked values agree on (the longest where one's axes
   extend another's; where they disagree, only their common prefix: no decision wins);
-- where factors want the same axis on one value, the factor whose proposing value holds more
-  elements takes it (then, at an elementwise op, the factor split more ways; then the earlier
-  value, then the earlier factor; a convolution's input counts its window dims, which automap's
-  rule leaves without a factor): an activation split on the batch and a larger weight split on
+- where factors want the same axis on one value, the factor whose proposing value is larger
+  takes it (then, at an elementwise op, the factor split more ways; then the earlier value, then
+  the earlier factor); a value's size is the product of its Shardy factors' sizes, its element
+  count but at a convolution (:mod:`automap.shardy_sizes`: a kernel's window dim counts only where
+  the windows leave it room): an activation split on the batch and a larger weight split on
   its output features over one axis give the result the features, and so do a batch split on
   'data' and a same-size feature split on ('data', 'model') at a multiply;
 - a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
@@ -51,6 +52,7 @@ from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op, Program
 from automap.rules.registry import FactorRule
 from automap.shardings import ShardingState
+from automap.shardy_sizes import tensor_size
 
 __all__ = ["hlo_order", "models", "xla_layout"]
 
@@ -291,7 +293,7 @@ def _step(op: Op, level: int, single: bool, specs: dict, fixed: frozenset, sizes
     # factors in order of preference: the larger source value, then the earlier one, then the factor
     source: dict[int, tuple[int, int]] = {}
     for t in range(len(dims_of)):
-        size = math.prod(values[linked[t]].shape)  # XLA's rules give every dim a factor (a conv's window too)
+        size = tensor_size(op, t, values)  # the product of its factors' sizes (a conv's differs)
         for f in holds[t] & wanted.keys():
             got = cur[t].get(f, ())
             if got[: len(wanted[f])] == wanted[f] and len(got) >= len(wanted[f]) and size > source.get(f, (-1, 0))[0]:
