@@ -16,10 +16,11 @@ strategy), through automap's factor rules:
   to XLA) takes axes from the third round on and gives them only in the fifth, the last;
 - at an op, each factor takes the axes its linked values agree on (the longest where one's axes
   extend another's; where they disagree, only their common prefix: no decision wins);
-- where factors want the same axis on one value, the factor whose proposing value holds more
-  elements takes it (then, at an elementwise op, the factor split more ways; then the earlier
-  value, then the earlier factor; a convolution's input counts its window dims, which automap's
-  rule leaves without a factor): an activation split on the batch and a larger weight split on
+- where factors want the same axis on one value, the factor whose proposing value is larger
+  takes it (then, at an elementwise op, the factor split more ways; then the earlier value, then
+  the earlier factor); a value's size is the product of its Shardy factors' sizes, its element
+  count but at a convolution (:mod:`automap.shardy_sizes`: a kernel's window dim counts only where
+  the windows leave it room): an activation split on the batch and a larger weight split on
   its output features over one axis give the result the features, and so do a batch split on
   'data' and a same-size feature split on ('data', 'model') at a multiply;
 - a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
@@ -55,6 +56,7 @@ from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op, Program
 from automap.rules.registry import Factor, FactorRule
 from automap.shardings import ShardingState
+from automap.shardy_sizes import tensor_size
 from automap.xla_loops import LOOPS, Link, share_owners, with_loop_links
 
 __all__ = ["hlo_order", "xla_layout"]
@@ -110,7 +112,7 @@ class _Facts(NamedTuple):
     directions: tuple[tuple[str, ...], ...]  # per round, per factor: _direction
     takes_part: tuple[bool, ...]  # per round: whether the op is queued (its own rule's directions)
     spread: bool  # _same_dims
-    elements: list[int]  # per linked value, its number of elements
+    tensor_sizes: list[int]  # per linked value, its size as Shardy takes it (automap.shardy_sizes)
 
 
 def _static(program: Program) -> tuple[list, list[list], dict[int, _Facts]]:
@@ -152,7 +154,7 @@ def _facts_of(op: Op | Link, single: bool, program: Program) -> _Facts:
     return _Facts(taken, _pass_through(rule, dims_of), _sized(rule, range(len(rule.factors))), holds,
                   [_sized(rule, h) for h in holds], own if taken is op else directions(taken),
                   tuple(bool(op.rule.factors) and any(d) for d in own), _same_dims(dims_of, len(rule.operands)),
-                  [math.prod(program.values[v].shape) for v in taken.linked])
+                  [tensor_size(taken, t, program.values) for t in range(len(taken.linked))])
 
 
 def hlo_order(program: Program) -> list[Op]:
@@ -347,7 +349,7 @@ def _step(op: Op | Link, level: int, facts: _Facts, specs: dict, fixed: frozense
     # factors in order of preference: the larger source value, then the earlier one, then the factor
     source: dict[int, tuple[int, int]] = {}
     for t in range(len(dims_of)):
-        size = facts.elements[t]  # XLA's rules give every dim a factor (a conv's window too)
+        size = facts.tensor_sizes[t]  # the product of its factors' sizes (a conv's differs)
         for f in holds[t] & wanted.keys():
             got = cur[t].get(f, ())
             if got[: len(wanted[f])] == wanted[f] and len(got) >= len(wanted[f]) and size > source.get(f, (-1, 0))[0]:

@@ -7,11 +7,14 @@ zoo's train step; tokens (8, 16), vocab 64, width 32, 8 classes.
     python benchmarks/fidelity.py --workload benchmarks/heldout_flax_layers.py:lstm \
         --workload benchmarks/heldout_flax_layers.py:conv1d --episodes 16
 
-Measured on jax 0.10.2, mesh 2x4 (16 plans): bytes sent outside 10% in 5 (lstm fsdp 2.70, fsdp_tp
-1.51, manual_fsdp 0.89; conv1d fsdp_tp 0.63, manual_fsdp 0.52), memory outside 25% in 1 (conv1d
-manual_fsdp 0.55), dot FLOPs outside 5% in 1 (lstm fsdp 0.67); jit parity 0 of 6, the default
-dominated in 0 of 6. The lstm rows: the arbiter keeps the inputs-only program of a plan with a loop,
-which the estimate does not follow (:attr:`automap.api.Plan.xla_lays_out` is False for loops).
+Measured on jax 0.10.2, mesh 2x4 (16 plans): bytes sent outside 10% in 3 (lstm fsdp 2.70, fsdp_tp
+1.51, manual_fsdp 0.89; conv1d fsdp_tp 0.63 and manual_fsdp 0.52 before Shardy's convolution sizes,
+:mod:`automap.shardy_sizes`, 0.98 and 0.99 since), memory outside 25% in 1 (conv1d manual_fsdp 0.64,
+0.55 before: XLA gathers the input gradients' reversed kernels at the start of the step, next to
+the forward's, which the estimate does not follow), dot FLOPs outside 5% in 1 (lstm fsdp 0.67); jit
+parity 0 of 6, the default dominated in 0 of 6. The lstm rows: the arbiter keeps the inputs-only
+program of a plan with a loop, which the estimate does not follow
+(:attr:`automap.api.Plan.xla_lays_out` is False for loops).
 """
 import flax.linen as nn
 import jax

@@ -1281,3 +1281,69 @@ def test_a_split_passes_its_dims_axes_to_its_pieces_as_xla_does():
     all_reduces = [(op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops if op.kind == "all-reduce"]
     assert sorted(all_reduces) == sorted((r.kind, r.axes, r.bytes) for r in reshards(state) if r.kind == "all-reduce") == [
         ("all-reduce", ("data",), 4), ("all-reduce", ("model",), 4)]
+
+
+def _conv_1d(x, k):
+    return jax.lax.conv_general_dilated(x, k, (1,), [(1, 1)], dimension_numbers=("NWC", "WIO", "NWC"))
+
+
+@pytest.mark.parametrize("kernel, result_spec, want", [
+    # the kernel counts its features alone (32 x 64 < the input's 8 x 16 x 32): the batch wins,
+    # the kernel is gathered (XLA's FSDP conv); counting the kernel's window (3 x 32 x 64) gave the
+    # result the features and gathered the input (0.52x XLA's bytes sent on a held-out flax Conv1D)
+    ((3, 32, 64), (D_M, (), ()), [("all-gather", D_M, 24576)]),
+    ((3, 32, 128), (D_M, (), ()), [("all-gather", D_M, 49152)]),  # a tie: the earlier operand's
+    ((3, 32, 136), ((), (), D_M), [("all-gather", D_M, 16384)]),  # 32 x 136 > 8 x 16 x 32
+    # a 5-wide window over 16 positions: 14 windows, the input counts 8 x 14 x 32 (3,584)
+    ((5, 32, 120), ((), (), D_M), [("all-gather", D_M, 16384)]),
+])
+def test_a_convolution_gives_its_result_the_split_of_its_larger_operand_by_shardys_factors(kernel, result_spec, want):
+    """A conv's input split on the batch, its kernel on its output features, over the same axes:
+    Shardy gives the result the split of the operand larger by the product of its factors' sizes
+    (:mod:`automap.shardy_sizes`): the kernel's window dim has no factor where the windows take
+    the whole input dim, and the input's spatial dim counts its windows."""
+    fn = lambda x, k: jnp.sin(_conv_1d(x, k)).sum()  # noqa: E731
+    args = [jnp.ones((8, 16, 32)), jnp.ones(kernel)]
+    state, xla = _laid_out_as_xla_lays_it_out(fn, args, [P(D_M), P(None, None, D_M), P()])
+    (conv,) = [op for op in state.program.ops if op.primitive == "conv_general_dilated"]
+    assert state.spec(conv.outputs[0]) == result_spec
+    gathers = [(op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops if op.kind != "all-reduce"]
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state) if r.kind != "all-reduce") == gathers == want
+
+
+def _kernel_gradient(x, dy):
+    return jax.vjp(lambda k: _conv(x, k), jnp.ones((3, 3, x.shape[-1], dy.shape[-1])))[1](dy)[0]
+
+
+@pytest.mark.parametrize("out_spec, want", [
+    # the gradient's features on 'data', the cotangent's on 'model': XLA gathers the cotangent and
+    # reduce-scatters the partial kernel (and permutes its tiles: 432 B, left out); the estimate
+    # summed over 'data' with the features on 'model', then gathered them (540 B, 1/4 the FLOPs)
+    (P(None, None, None, "data"), [("all-gather", ("model",), 4096), ("reduce-scatter", ("data",), 864)]),
+    # the gradient whole: the result gathered, as before
+    (P(), [("all-gather", ("model",), 864), ("all-reduce", ("data",), 216)]),
+])
+def test_a_convolution_whose_result_would_be_split_anew_runs_in_the_results_layout(out_spec, want):
+    """A ResNet stem's kernel gradient under FSDP: the batch on 'data' in the input and the
+    cotangent, the cotangent's features on 'model'. Where the gradient wants its features on
+    'data', XLA runs the convolution in that layout (contraction_layouts._conv_result_split_anew)."""
+    args = [jnp.ones((4, 8, 8, 3)), jnp.ones((4, 8, 8, 8))]
+    state, xla = _laid_out_as_xla_lays_it_out(_kernel_gradient, args, [P("data"), P("data", None, None, "model"), out_spec])
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops if op.kind != "collective-permute") == want
+    assert estimate(state).dot_flops == xla.dot_flops
+
+
+def test_a_convolution_whose_result_is_split_further_than_its_operands_runs_in_the_results_layout():
+    """A ResNet stem under FSDP: the input's batch on 'data', the kernel's output features on
+    'data', the result's batch on 'data' and its features on 'model'. XLA runs the convolution in
+    the result's layout (split 8 ways), the kernel permuted onto 'model' (216 B), as it runs a dot
+    (contraction_layouts._free_dims_in_result_layout); the estimate gathered the kernel over 'data'
+    and split the convolution 2 ways (864 B, 4x XLA's FLOPs)."""
+    args = [jnp.ones((4, 8, 8, 3)), jnp.ones((3, 3, 3, 8))]
+    state, xla = _laid_out_as_xla_lays_it_out(_conv, args, [P("data"), P(None, None, None, "data"), P("data", None, None, "model")])
+    want = [("collective-permute", D_M, 216)]
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    est = estimate(state)
+    assert est.dot_flops == xla.dot_flops and est.wire_bytes == xla.wire_bytes
