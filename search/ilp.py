@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -48,6 +48,7 @@ from search.ceiling import Ceiling
 from search.compose import compositions
 from search.greedy import replay
 from search.objective import Objective
+from search.overlay import Replayer
 from search.space import GroupAction, Move, Score, SearchSpace
 
 MERGE_FIRST = 2  # a space is sized after its tied groups merge only when within this factor of the limit before
@@ -91,24 +92,28 @@ def options(space: SearchSpace, state: ShardingState, two_axes: bool = True, tie
     return _merge_tied(space, state, out) if tie else out
 
 
-def _merge_tied(space: SearchSpace, state: ShardingState, out: list[list[Option]]) -> list[list[Option]]:
+def _merge_tied(space: SearchSpace, state: ShardingState, out: list[list[Option]],
+                plan_of: Callable[[Option], ShardingState] | None = None) -> list[list[Option]]:
     """Groups that propagation ties together (an option of one makes the same plan as an option
     of the other, as a batch's tokens and targets do) become one group, whose options are the
     distinct plans of their joint choices, when these are fewer than twice their options apart;
     the other group keeps only (). Priced apart, the pairwise model would count each interaction
-    with the tie twice (once per tied group)."""
+    with the tie twice (once per tied group). ``plan_of``: the state an option makes from
+    ``state`` (a replay that keeps what it ran, for the model to reuse), if not this one's own."""
     after: dict[Option, ShardingState] = {(): state}
 
-    def plan(moves: Option) -> ShardingState:
+    def own_plan(moves: Option) -> ShardingState:
         got = after.get(moves)
         if got is None:
-            got = plan(moves[:-1])
+            got = own_plan(moves[:-1])
             try:
                 got = space.apply(got, moves[-1])
             except ShardingError:
                 pass  # as a replay does: a move the earlier ones made illegal is skipped
             after[moves] = got
         return got
+
+    plan = own_plan if plan_of is None else plan_of
 
     made: dict = {}  # plan -> the groups that have an option making it
     for g, opts in enumerate(out):
@@ -227,12 +232,12 @@ def refine(space: SearchSpace, plan: Plan, objective: Objective = Objective(tole
     """
     opts = options(space, plan[0], two_axes=False, tie=False)
     evaluations = max_work // max(len(space.program.all_ops), 1)
-    best = _Incumbent(space, plan, objective)
+    best = _Incumbent(space, plan, objective, start=plan[2])
     if 1 + _pairs_needed(opts) > evaluations:
         singles = [(g, o) for g, group in enumerate(opts) for o in group[1:]]
         if 1 + len(singles) > evaluations:
             return None
-        alone = {k: best.consider(plan[2] + k[1]) for k in singles}
+        alone = {k: best.consider(plan[2] + k[1], keep=True) for k in singles}
         kept: list[list[Option]] = [[()] for _ in opts]
         for g, o in sorted(singles, key=lambda k: objective.key(alone[k])):
             kept[g].append(o)
@@ -240,7 +245,7 @@ def refine(space: SearchSpace, plan: Plan, objective: Objective = Objective(tole
                 kept[g].pop()
                 break
         opts = kept
-    opts = _merge_tied(space, plan[0], opts)
+    opts = _merge_tied(space, plan[0], opts, _options_replayed(best.replayed, plan))
     t0 = time.perf_counter()
     model = _Pairwise(space, plan[2], opts, objective.ceiling, best.consider)
     for _ in range(max_rounds):
@@ -250,41 +255,34 @@ def refine(space: SearchSpace, plan: Plan, objective: Objective = Objective(tole
     return best.plan
 
 
+def _options_replayed(replayed: Replayer, plan: Plan) -> Callable[[Option], ShardingState] | None:
+    """The state an option makes from ``plan``'s, by ``replayed`` (which keeps it: the pairwise
+    model prices the option from it after), when the replay of ``plan``'s moves makes ``plan``'s
+    state exactly (then both make the same states); None otherwise."""
+    base = replayed(plan[2], keep=True)[0]
+    if base is not plan[0] and any(getattr(base, f) != getattr(plan[0], f) for f in _STATE_FIELDS):
+        return None
+    return lambda option: replayed(plan[2] + option, keep=True)[0]
+
+
+_STATE_FIELDS = ("program", "axes", "specs", "priority", "frozen", "next_priority", "labels")
+
+
 class _Incumbent:
     """The best plan met so far, by the objective."""
 
-    def __init__(self, space: SearchSpace, plan: Plan, objective: Objective) -> None:
-        self.plan, self.objective, self.replayed = plan, objective, _Replayer(space)
+    def __init__(self, space: SearchSpace, plan: Plan, objective: Objective,
+                 start: tuple[Move, ...] | None = None) -> None:
+        self.plan, self.objective, self.replayed = plan, objective, Replayer(space, start)
         self.space = space
 
-    def consider(self, moves: tuple[Move, ...]) -> Score:
-        """Score the plan ``moves`` make from the root; keep it if it is the best so far."""
-        state, done = self.replayed(moves)
+    def consider(self, moves: tuple[Move, ...], keep: bool = False) -> Score:
+        """Score the plan ``moves`` make from the root; keep it if it is the best so far.
+        ``keep``: remember the state made (a prefix of plans to come)."""
+        state, done = self.replayed(moves, keep)
         got = self.space.score(state)
         if self.objective.better(got, self.plan[1]):
             self.plan = (state, got, done)
-        return got
-
-
-class _Replayer:
-    """:func:`search.greedy.replay` that remembers the prefixes it ran: a pair of options then
-    costs one propagation after the first option's, not a replay from the root."""
-
-    def __init__(self, space: SearchSpace) -> None:
-        self.space = space
-        self.prefixes: dict[tuple[Move, ...], tuple[ShardingState, tuple[Move, ...]]] = {(): (space.root, ())}
-
-    def __call__(self, moves: tuple[Move, ...], keep: bool = False) -> tuple[ShardingState, tuple[Move, ...]]:
-        got = self.prefixes.get(moves)
-        if got is None:
-            state, done = self(moves[:-1], keep=True)
-            try:
-                after = self.space.apply(state, moves[-1])
-            except ShardingError:
-                after = state
-            got = (after, done + (moves[-1],)) if after.key() != state.key() else (state, done)
-            if keep:
-                self.prefixes[moves] = got
         return got
 
 
@@ -303,8 +301,9 @@ class _Pairwise:
 
         def effect(*chosen: tuple[int, Option]) -> tuple[np.ndarray, set, set]:
             """The change in time without the combine groups' latencies, memory and bytes sent;
-            the combine groups the choice opens, and those of the start it closes."""
-            s = consider(start + tuple(m for _, o in chosen for m in o))
+            the combine groups the choice opens, and those of the start it closes. A single
+            option's state is kept: the pairs with it start from it."""
+            s = consider(start + tuple(m for _, o in chosen for m in o), keep=len(chosen) == 1)
             paid = latencies(space, s)
             for k, t in paid.items():
                 latency[k] = max(latency.get(k, 0.0), t)
