@@ -12,7 +12,10 @@ of its collectives, per device) is smallest, then the one moving fewest bytes
 Run along the indices (measured on 8 CPU devices, mesh 2x4, a (64, 32) table, 256 indices):
 
 - the index-parallel factors take the indices' axes (extended by the lookup's result, or the
-  scatter's updates, where they split them further); the table loses them;
+  scatter's updates, where they split them further); the table loses them, but for the axes it
+  holds on a dim the lookup (the updates) keeps and holds there too: XLA partitions an axis at a
+  time, and such an axis passes through, the indices gathered over it (an FSDP embedding whose
+  table and lookups have their features on 'model' and the tokens their batch on both axes);
 - with no mesh axis left idle, the table is all-gathered over those axes (a gather's table, a
   scatter-add's operand unless it is a broadcast of a scalar, which XLA makes in any layout) and
   a scatter-add's partial result is reduce-scattered (or all-reduced) into place;
@@ -69,21 +72,23 @@ def indices_first(op: Op, state, fax: dict[int, Axes], planned: Templates,
     # the indices' split, extended by the lookup's result (the scatter's updates) where it goes further
     partner = (op.linked_inputs[2], rule.operands[2]) if scatter and len(op.linked_inputs) > 2 else (
         op.linked_outputs[0], rule.results[0])
+    passed = {f for fs in partner[1] for f in fs}  # the table's dims the lookup (the updates) keep
+    # XLA partitions an axis at a time: an axis the table and the lookup (the updates) both hold on
+    # a dim passed through stays there, and the indices are gathered over it
+    through = {a for f, axes in _factor_axes(op, state, *partner).items() if f in passed
+               for a in set(axes) & set(fax.get(f, ()))}
     want: dict[int, Axes] = {}
     for vid, dims in ((op.linked_inputs[1], rule.operands[1]), partner):
-        for axes, fs in zip(state.spec(vid), dims, strict=True):
-            if axes and fs:
-                for f, got in split_dim(axes, fs, rule, sizes).items():
-                    have = want.get(f, ())
-                    if f in index_factors and (f in want or vid == op.linked_inputs[1]) and (
-                            len(got) > len(have) and got[: len(have)] == have):
-                        want[f] = got
+        for f, got in _factor_axes(op, state, vid, dims).items():
+            got, have = tuple(a for a in got if a not in through), want.get(f, ())
+            if f in index_factors and (f in want or vid == op.linked_inputs[1]) and (
+                    len(got) > len(have) and got[: len(have)] == have):
+                want[f] = got
     taken = {a for axes in want.values() for a in axes}
     if not want or all(fax.get(f, ()) == axes for f, axes in want.items()):
         return None
     alt = {f: kept for f, axes in fax.items() if f not in want and (kept := tuple(a for a in axes if a not in taken))}
     alt.update(want)
-    passed = {f for fs in partner[1] for f in fs}  # the table's dims the lookup (the updates) keep
     indexed = [f for f, axes in fax.items() if f not in want and f not in passed and set(axes) & taken]
     used = {a for axes in alt.values() for a in axes} | {a for v in op.linked for axes in state.spec(v) for a in axes}
     idle = tuple(a for a, n in sizes.items() if n > 1 and a not in used)
@@ -167,6 +172,15 @@ def xla_cost(op: Op, state, fax: dict[int, Axes], reshards: Templates) -> tuple[
         peak = max(peak, nbytes + (nbytes // n if kind in ("all-gather", "reduce-scatter") else nbytes))
         moved += nbytes
     return peak, moved
+
+
+def _factor_axes(op: Op, state, vid: int, dims) -> dict[int, Axes]:
+    """The axes of each of the op's factors in a linked value's spec."""
+    out: dict[int, Axes] = {}
+    for axes, fs in zip(state.spec(vid), dims, strict=True):
+        if axes and fs:
+            out.update(split_dim(axes, fs, op.rule, state.axes))
+    return out
 
 
 def _piece(state, vid: int) -> int:
