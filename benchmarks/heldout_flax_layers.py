@@ -1,20 +1,23 @@
 """Held-out probe workloads for ``benchmarks/fidelity.py --workload``: models built from flax's own
 layers that neither the corpus nor the zoo uses. ``lstm``: ``nn.RNN(nn.OptimizedLSTMCell)`` then
 ``nn.RNN(nn.GRUCell)`` (two scans) over an ``nn.Embed``, mean-pooled into an ``nn.Dense`` head;
-``conv1d``: ``nn.Conv`` x2, ``nn.GroupNorm`` and ``nn.max_pool`` over an embedding. Adam via the
-zoo's train step; tokens (8, 16), vocab 64, width 32, 8 classes.
+``conv1d``: ``nn.Conv`` x2, ``nn.GroupNorm`` and ``nn.max_pool`` over an embedding;
+``attention_sdpa`` and ``conv_up`` (their classes' docstrings). Adam via the zoo's train step;
+tokens (8, 16), vocab 64, width 32, 8 classes.
 
     python benchmarks/fidelity.py --workload benchmarks/heldout_flax_layers.py:lstm \
-        --workload benchmarks/heldout_flax_layers.py:conv1d --episodes 16
+        --workload benchmarks/heldout_flax_layers.py:conv1d \
+        --workload benchmarks/heldout_flax_layers.py:attention_sdpa \
+        --workload benchmarks/heldout_flax_layers.py:conv_up --episodes 16
 
-Measured on jax 0.10.2, mesh 2x4 (16 plans): bytes sent outside 10% in 3 (lstm fsdp 2.70, fsdp_tp
-1.51, manual_fsdp 0.89; conv1d fsdp_tp 0.63 and manual_fsdp 0.52 before Shardy's convolution sizes,
-:mod:`automap.shardy_sizes`, 0.98 and 0.99 since), memory outside 25% in 1 (conv1d manual_fsdp 0.64,
-0.55 before: XLA gathers the input gradients' reversed kernels at the start of the step, next to
-the forward's, which the estimate does not follow), dot FLOPs outside 5% in 1 (lstm fsdp 0.67); jit
-parity 0 of 6, the default dominated in 0 of 6. The lstm rows: the arbiter keeps the inputs-only
-program of a plan with a loop, which the estimate does not follow
-(:attr:`automap.api.Plan.xla_lays_out` is False for loops).
+Measured on jax 0.10.2, mesh 2x4 (32 plans): bytes sent outside 10% in 0, memory outside 25% in 2
+(conv1d manual_fsdp 0.64 and conv_up manual_fsdp 0.68: XLA gathers the input gradients' reversed
+kernels at the start of the step, next to the forward's, which the estimate does not follow), dot
+FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12. Before the loop's
+carry was laid out as Shardy lays it out (:mod:`automap.xla_loops`), lstm fsdp was 2.70 bytes and
+0.67 FLOPs, fsdp_tp 1.51 bytes; before convolutions were sized as Shardy sizes them
+(:mod:`automap.shardy_sizes`), conv1d fsdp_tp 0.63 and manual_fsdp 0.52 bytes; before a transposed
+conv's kernel gradient was counted as XLA:CPU runs it, conv_up 1.12 FLOPs on every plan.
 """
 import flax.linen as nn
 import jax
