@@ -967,6 +967,28 @@ def test_a_dot_summing_over_an_axis_both_operands_share_runs_in_the_results_layo
     assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
 
 
+_CONV1X1_DW = lambda x, dy: jnp.einsum("bhwi,bhwo->io", x, dy)  # noqa: E731  a 1x1 conv's kernel gradient
+
+
+@pytest.mark.parametrize("shapes, specs", [
+    ([(8, 4, 4, 16), (8, 4, 4, 32)], [P("data"), P("data", None, None, "model"), P("data")]),
+    ([(8, 4, 4, 64), (8, 4, 4, 8)], [P("data"), P("data", None, None, "model"), P("data")]),  # x the larger
+    ([(8, 4, 4, 16), (8, 4, 4, 32)], [P("data", None, None, "model"), P("data"), P(None, "data")]),
+])
+def test_a_dot_making_a_program_output_keeps_the_free_split_the_output_leaves_whole(shapes, specs):
+    """Both batches (summed) on 'data', one operand's features on 'model', the output (a program
+    output) split on 'data' along the other operand's features and whole along the 'model' ones:
+    XLA keeps 'model' on the dot (split 8 ways), reduce-scatters the partial result over 'data'
+    and gathers 'model' at the return. The estimate gathered the operand over 'model' and split
+    the dot 2 ways (7x XLA's bytes sent, 4x its dot FLOPs)."""
+    state, xla = _laid_out_as_xla_lays_it_out(_CONV1X1_DW, [jnp.ones(s) for s in shapes], specs)
+    want = [("all-gather", ("model",), 1024), ("reduce-scatter", ("data",), 512)]
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    est = estimate(state)
+    assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops == 16384
+
+
 MESH_4X2 = {"data": 4, "model": 2}
 _FEATURES_ON_MODEL = P("data", None, None, "model")  # a conv input's batch on data, its features on model
 
