@@ -124,7 +124,15 @@ def with_loop_links(program: Program, order: list[Op]) -> list:
 
 
 def share_owners(owners: Sequence[int], specs: dict, fixed: frozenset) -> list[int]:
-    """Give every owner the spec extending all of theirs (none: where two disagree)."""
+    """Give every owner the spec extending all of theirs (none: where two disagree); returns the
+    owners whose spec changed.
+
+    >>> specs = {1: (("data",), ()), 2: (("data",), ("model",))}
+    >>> share_owners([1, 2, 3], specs, fixed=frozenset()), specs[1] == specs[3] == specs[2]
+    ([1, 3], True)
+    >>> share_owners([1, 4], {1: (("data",), ()), 4: (("model",), ())}, fixed=frozenset())  # they disagree
+    []
+    """
     held = [specs[v] for v in owners if v in specs]
     if not held:
         return []

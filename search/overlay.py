@@ -61,7 +61,19 @@ def _latest(state: ShardingState) -> bool:
 
 
 def differing(a: ShardingState, b: ShardingState) -> set[int]:
-    """The values whose spec or priority differs between two states of one program."""
+    """The values whose spec or priority differs between two states of one program.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.propagate import apply
+    >>> from automap.shardings import Action
+    >>> prog = lower(jax.make_jaxpr(lambda x, y: (jnp.tanh(x), y * 2))(jnp.ones((4, 4)), jnp.ones((4, 4))),
+    ...              ["x", "y"], ["a", "b"])
+    >>> root = ShardingState.initial(prog, {"data": 2})
+    >>> x = prog.inputs[0]
+    >>> sorted(differing(root, apply(root, [Action(x, 0, "data")]))) == sorted({x, prog.outputs[0]})
+    True
+    """
     out = {v for v, _ in a.key().symmetric_difference(b.key())}
     out.update(v for (v, _), p in a.priority.items() if b.priority.get((v, _)) != p)
     out.update(v for (v, _), p in b.priority.items() if a.priority.get((v, _)) != p)
