@@ -50,7 +50,8 @@ def test_a_sweep_crosses_a_plateau_that_single_actions_cannot():
 
 
 def test_the_pairwise_model_pays_a_combine_groups_latency_once():
-    from search.ilp import _Incumbent, _Pairwise, latencies, options
+    from search.ilp import _Incumbent, options
+    from search.pairwise_model import PairwiseModel, latencies
 
     space, state = _data_parallel_over_model()
     moves, _, end = sweep(space, state, "model")
@@ -58,7 +59,7 @@ def test_the_pairwise_model_pays_a_combine_groups_latency_once():
     assert all((a,) in opts[a.group] for a in moves)
     start = (TacticAction("data_parallel", "model"),)
     incumbent = _Incumbent(space, (state, space.score(state), start), Objective(tolerance=0.0))
-    model = _Pairwise(space, start, opts, None, incumbent.consider)
+    model = PairwiseModel(space, start, opts, None, incumbent.consider)
     predicted = model.value({a.group: (a,) for a in moves})
     assert predicted == pytest.approx(end.time_s, rel=1e-9)
     # the sweep opens combine groups that each parameter alone opens too: priced per parameter
@@ -83,7 +84,8 @@ def test_refining_the_root_equals_brute_force_over_one_action_per_group():
 def test_tokens_and_targets_tied_by_propagation_are_one_decision_for_the_pairwise_model():
     import itertools
 
-    from search.ilp import _Incumbent, _Pairwise, options
+    from search.ilp import _Incumbent, options
+    from search.pairwise_model import PairwiseModel
 
     space = _unrolled_gpt_space()
     names = [space.group_name(g) for g in range(len(space.groups))]
@@ -110,7 +112,7 @@ def test_tokens_and_targets_tied_by_propagation_are_one_decision_for_the_pairwis
     consider = _Incumbent(space, (space.root, space.score(space.root), ()), Objective(tolerance=0.0)).consider
 
     def model(opts, keep):
-        return _Pairwise(space, (), [o if g in keep else [()] for g, o in enumerate(opts)], None, consider)
+        return PairwiseModel(space, (), [o if g in keep else [()] for g, o in enumerate(opts)], None, consider)
 
     def real(*moves):  # a plan applies its options in group order, as the model measured them
         return space.score(replay(space, sum(moves, ()))[0]).time_s
