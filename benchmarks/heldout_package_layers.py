@@ -21,18 +21,23 @@ nnx_lora and nnx_conv_bn are within every target. Outside:
 - eqx_conv_gru fsdp, bytes 0.83: XLA moves the GRU's gates, 96 rows split 4 ways on ``model`` and
   ``jnp.split`` into pieces of 32, by collective-permutes (56, 10.0 KiB) where the estimate keeps
   a split's dim whole (``automap.rules.shape._permuted_along``), and all-gathers over ``model`` at
-  the GRU's and the head's dots (32x 21.5 KiB against 4x 1.5 KiB).
+  the GRU's and the head's dots (32x 21.5 KiB against 4x 1.5 KiB). The pinned program is priced
+  right (489.8 KiB against 491.8 KiB; memory 0.54); the arbiter keeps jax.jit's, 126.8 KiB.
 - eqx_conv_gru manual_fsdp, bytes 0.46, memory 0.40, dot FLOPs 1.11 (jax.jit's program, kept by
-  the arbiter): XLA runs the backward scan's body with the batch split over ('data', 'model') (the
-  gates' cotangent f32[1,96]), so the weight gradients are outer products it rewrites into
-  multiplies and reduce-scatters every step (145.1 KiB against 27.2 KiB; temporaries 132.9 KiB
-  against 93.3 KiB); the estimate (``automap.xla_layout`` of the same specs) lays that body out
-  as the forward, the 96 gate rows split, each weight gradient a dot over the whole batch (#197,
-  #206: 73,728 FLOPs XLA does not run).
-- eqx_conv_gru fsdp_tp, bytes 0.44, dot FLOPs 1.09: the same backward body, laid out by XLA with
-  the batch on ``data`` and the gate rows on ``model`` where the estimate splits the rows on ``data``
-  (collective-permutes 94.3 KiB against 22.3, all-reduces over data 77.4 KiB against 11.4).
-- eqx_rope fsdp_tp, bytes 0.85: spread over the vmapped MLP's and RMSNorm's backward: XLA
+  the arbiter): XLA carries the GRU's state batch-split, f32[1,32] (and stacks its residuals
+  f32[4,1,32]); ``automap.xla_layout`` of the same specs carries it split on the hidden dim
+  (((), ('data', 'model'))), so the backward body follows: XLA's weight gradients are outer
+  products over one example, which it rewrites into multiplies and reduce-scatters every step
+  (145.1 KiB against 27.2 KiB; temporaries 132.9 KiB against 93.3 KiB), where the estimate has
+  the 96 gate rows split and each weight gradient a dot over the whole batch (#197, #206: the
+  73,728 FLOPs XLA does not run). The plan's own (pinned) program is priced right: 233.9 KiB
+  against 237.4 KiB sent, FLOPs equal (memory 0.72).
+- eqx_conv_gru fsdp_tp, bytes 0.44, dot FLOPs 1.09: the backward body laid out by XLA with the
+  batch on ``data`` and the gate rows on ``model`` where the estimate splits the rows on ``data``
+  (collective-permutes 94.3 KiB against 22.3, all-reduces over data 77.4 KiB against 11.4); the
+  pinned program is priced right (238.9 KiB against 240.9 KiB, FLOPs equal).
+- eqx_rope fsdp_tp, bytes 0.85 (a plan without a loop that decided only its inputs: one program,
+  priced by ``automap.xla_layout``), spread over the vmapped MLP's and RMSNorm's backward: XLA
   all-reduces the MLP's input gradient over ``data`` where the estimate reduce-scatters it (#247:
   8.0 KiB against 4.0), gathers the RMSNorm products over both axes (#275, #361: 20.0 KiB each
   against 8.0) and adds collective-permutes over both axes (29.5 KiB against 8.0).
