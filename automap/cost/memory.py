@@ -26,7 +26,7 @@ import math
 from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
-from automap.cost.schedule import entry_order
+from automap.cost.schedule import breadth_first_starts, entry_order
 from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
                                   replaces_workspace, windowed_reductions)
 from automap.ir.program import Op, Program
@@ -145,7 +145,10 @@ def temp_peak(
     moved, combined = ({}, {}) if body or not cpu else entry_order(ops, index, reshards, made, size, outputs)
     spans = [(0 if v in first else moved.get(s, s), e, read_as.get(v, size(v))) for v, s, e in live_ranges.values]
     spans.extend((s, e, size(v) * copies) for s, e, v, copies in live_ranges.unfused)
-    spans.extend(_reshard_spans(program, ops, index, reshards, body, moved, combined))
+    early = {} if body or not cpu else program.memo_of(
+        ops, ("breadth_first", tuple(outputs)), lambda: breadth_first_starts(ops, program.memo_of(
+            ops, ("materialized", tuple(outputs)), lambda: frozenset(materialized(ops, outputs)))))
+    spans.extend(_reshard_spans(program, ops, index, reshards, body, moved, combined, early))
     if cpu:
         in_place = () if body else _copied_in_place(program, ops, outputs)
         spans.extend(cpu_spans(program, ops, index, reshards, size, body, state, made, in_place, (combined, outputs)))
@@ -186,7 +189,7 @@ def temp_peak(
 
 def _reshard_spans(
     program: Program, ops: Sequence[Op], index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]],
-    body: bool, moved: Mapping[int, int] = {}, combined: Mapping[int, int] = {},
+    body: bool, moved: Mapping[int, int] = {}, combined: Mapping[int, int] = {}, early: Mapping[int, int] = {},
 ) -> list[tuple[int, int, int]]:
     """(first, last, bytes) of the temporaries the reshards at ``ops`` make: a resharded operand
     from when its collective runs to its last use (XLA reshards it once and keeps it), the whole
@@ -201,14 +204,18 @@ def _reshard_spans(
     from a body input (the iteration's slice of a stacked parameter) is gathered at the body's
     start; and the body's reduce-scatters are combined into one collective after its last op, so
     each partial result stays whole until then, next to its reduced copy (XLA:CPU all-reduces,
-    then slices); that step is position ``len(ops)``. ``moved``, ``combined``: :mod:`automap.cost.schedule`.""" 
+    then slices); that step is position ``len(ops)``. ``moved``, ``combined``: :mod:`automap.cost.schedule`;
+    ``early``: value -> the earlier position where XLA:CPU's breadth-first schedule runs its
+    collective (:func:`automap.cost.schedule.breadth_first_starts`: the backward's reversed kernels
+    gathered at the start of the step).""" 
     copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
     made = _producers(program, ops)
     end = len(ops)  # in a body: the step after its last op
     for i, rs in sorted((index[op], rs) for op, rs in reshards.items() if op in index):  # in program order
         for r in rs:
             if r.where == "operand":
-                first = made.get(r.value, 0) if body else (made[r.value] + 1 if r.value in made else 0)
+                first = made.get(r.value, 0) if body else (
+                    min(made[r.value] + 1, early.get(r.value, len(ops))) if r.value in made else 0)
                 got = copies.setdefault((r.value, r.kind, r.axes), [min(first, i), i, r.bytes])
                 got[1] = i
             elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered

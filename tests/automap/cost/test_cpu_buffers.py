@@ -2,6 +2,7 @@
 estimate against XLA's measure of small training steps on 8 simulated CPU devices."""
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 import automap
 import tactics
@@ -183,3 +184,29 @@ def test_collectives_run_as_soon_as_their_operand_exists():
                            tactics=[tactics.fsdp_tp()], search=None)
     est, xla = step.plan(*args).estimate.peak_memory_bytes, automap.measure(step.lower(*args).compile()).memory_per_device
     assert abs(est / xla - 1) < 0.1, (est, xla)
+
+
+def test_a_reversed_kernel_is_gathered_at_the_start_of_the_step():
+    """Three 1-D convolutions trained under FSDP (each kernel split on its output features, the
+    batch on ``data``): the input gradients read the kernels reversed, and XLA:CPU's breadth-first
+    schedule reverses and gathers each at the start of the step, with the forward's gathers, so all
+    are held through the forward. Gathered where the backward reverses them, the estimate said
+    372,736 B against XLA's 430,200 B (13% under); gathered at the start, 421,888 B."""
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
+
+    def loss(ws, x):
+        h = jnp.tanh(x)
+        for w in ws:
+            h = jnp.tanh(conv(h, w))
+        return (h ** 2).sum()
+
+    def step(ws, x):
+        gws, gx = jax.grad(loss, (0, 1))(ws, x)
+        return [w - 0.1 * g for w, g in zip(ws, gws)], gx
+
+    kernel = jax.ShapeDtypeStruct((3, 64, 64), jnp.float32)
+    args = ([kernel] * 3, jax.ShapeDtypeStruct((64, 4, 64), jnp.float32))
+    rules = [(r"^ws/", P(None, None, "data")), ("^x$", P("data"))]
+    est, xla = _estimate_and_measure(step, args, [tactics.manual(rules)])
+    assert abs(est / xla - 1) < 0.05, (est, xla)
