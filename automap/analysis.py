@@ -196,6 +196,9 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             whole = _per_device(nbytes, implied, sizes)
             for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
                 out.append((here, kind, axes, whole // share, "result"))
+        if retiled := disjoint_retile(implied, actual, nbytes, sizes):
+            out += [(here, kind, axes, moved, "result") for kind, axes, moved in retiled]
+            continue
         gather, move = _diff(implied, actual)
         if permute := tile_permute(implied, actual, nbytes, sizes):
             out.append((here, "collective-permute", *permute, "result"))
