@@ -23,6 +23,7 @@ from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
 from automap.gather_reuse import gathered_apart, grouped_on_the_sum
 from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
+from automap.reshard_bytes import moved_bytes
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
 from automap.tile_order import disjoint_retile, tile_permute
@@ -105,7 +106,7 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
                 alt = _expressible(op, alt, sizes)
                 if alt != fax:
                     other = _templates(op, state, alt)
-                    if _moved(other) < _moved(templates):
+                    if moved_bytes(other) < moved_bytes(templates):
                         fax, templates = alt, other
         detour = 1
         indexed = indices_first(op, state, fax, templates, _templates)
@@ -143,12 +144,6 @@ def _alternatives(op: Op, state: ShardingState) -> list[dict[int, Axes]]:
         lead = collections.ChainMap({(v, d): -1 for d, axes in enumerate(spec) if axes}, state.priority)
         out.append(solve_factors(op, state, state.specs, lead)[0])
     return out
-
-
-def _moved(templates: tuple) -> int:
-    """Bytes per device the reshard templates move (an all-reduce twice: reduce-scatter and
-    all-gather): which of two ways to run an op XLA's partitioner prefers."""
-    return sum(nbytes * (2 if kind == "all-reduce" else 1) for _, kind, _, nbytes, *_ in templates)
 
 
 def _expressible(op: Op, fax: dict[int, Axes], sizes: dict[str, int]) -> dict[int, Axes]:
@@ -201,6 +196,9 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             whole = _per_device(nbytes, implied, sizes)
             for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
                 out.append((here, kind, axes, whole // share, "result"))
+        if retiled := disjoint_retile(implied, actual, nbytes, sizes):
+            out += [(here, kind, axes, moved, "result") for kind, axes, moved in retiled]
+            continue
         gather, move = _diff(implied, actual)
         if permute := tile_permute(implied, actual, nbytes, sizes):
             out.append((here, "collective-permute", *permute, "result"))

@@ -51,7 +51,10 @@ def disjoint_retile(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str,
     slice would send twice its bytes or more; None otherwise. Measured on jax 0.10.2, meshes 2x4
     and 4x2, the operand of a dot run in its result's layout (``bd,hd->bh`` and ``bsd,bsh->dh``,
     the operand split on 'data' (2) and the result on 'model' (4), or on 'model' (2) and 'data'
-    (4)): one permute of the wanted piece. The other way (each held tile within a wanted one) XLA
+    (4)): one permute of the wanted piece; and a dot's result so moved after its sum
+    (``bsd,bsh->dh`` on 4x2, ``dh`` computed on 'model' and wanted on 'data':
+    :mod:`automap.output_free_splits`; the estimate gathered 'model', 0.94x XLA's bytes sent in
+    ``benchmarks/layout_matrix.py``). The other way (each held tile within a wanted one) XLA
     permutes the held piece and gathers in groups there, but runs a dense layer's forward
     otherwise (``bsh,hd->bsd``, ``h``'s sum on 'model' and ``k``'s on 'data', its features on
     'model': ``h`` gathered whole, no partial sum), which the estimate does not model: left a

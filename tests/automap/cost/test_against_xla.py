@@ -967,6 +967,42 @@ def test_a_dot_summing_over_an_axis_both_operands_share_runs_in_the_results_layo
     assert est.wire_bytes == xla.wire_bytes and est.dot_flops == xla.dot_flops
 
 
+_DENSE_DX = lambda dy, k: jnp.einsum("bsd,hd->bsh", dy, k)  # noqa: E731  a dense layer's input gradient
+_KEEPS_H = [P("data"), P("data", None, "model"), P(None, "data")]  # dh's h on the summed 'data', h's on 'model'
+
+
+@pytest.mark.parametrize("fn, shapes, specs, mesh_axes, want, same_bytes", [
+    # h kept on 'model' (h 4x dh): an all-reduce over 'data', then dh moved onto 'data' (the gather)
+    (_DENSE_DW, [(8, 16, 32), (8, 16, 128)], _KEEPS_H, MESH_2X4,
+     [("all-gather", ("model",), 8192), ("all-reduce", ("data",), 4096)], False),
+    # on 4x2 dh's piece on 'data' lies within its 'model' piece: moved by a permute of it
+    (_DENSE_DW, [(8, 16, 32), (8, 16, 128)], _KEEPS_H, {"data": 4, "model": 2},
+     [("all-reduce", ("data",), 8192), ("collective-permute", ("data", "model"), 4096)], True),
+    # the kernel's h on 'data' (k 1/4x the result, wanted on the summed 'model'): k gathered, a reduce-scatter
+    (_DENSE_DX, [(8, 16, 32), (128, 32)], [P(None, None, "model"), P("data", "model"), P(None, None, "model")],
+     MESH_2X4, [("all-gather", ("data",), 4096), ("reduce-scatter", ("model",), 65536)], True),
+])
+def test_a_dot_summing_into_its_results_split_keeps_a_free_split_where_that_moves_fewer_bytes(
+        fn, shapes, specs, mesh_axes, want, same_bytes):
+    """Both operands split the summed dim alike, one a free dim over another axis, and the result
+    wants that free dim on the summed axis alone: XLA keeps the free split (the dot split 8 ways),
+    all-reduces the partial result and moves it onto the summed axis, where that moves fewer
+    bytes than gathering the operand and reduce-scattering (the estimate gathered it: 1.7x XLA's
+    bytes sent and 2.8x its memory in a dense layer's gradient, benchmarks/layout_matrix.py).
+    XLA moves the result from 'model' to 'data' with a collective-permute of the wanted piece on
+    4x2 (:func:`automap.tile_order.disjoint_retile`), and a permute then a gather in groups of 2
+    on 2x4, which the estimate takes for a gather of 'model' (then a slice): the bytes sent
+    differ by that move alone there."""
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs, mesh_axes)
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
+    xla_ops = [(op.kind, op_axes(op, mesh_axes), op.bytes) for op in xla.ops]
+    sums = [r for r in want if r[0] in ("all-reduce", "reduce-scatter")]
+    assert len(sums) == 1 and sums[0] in xla_ops  # the partial sum resolved as XLA resolves it
+    est = estimate(state)
+    assert est.dot_flops == xla.dot_flops
+    assert (est.wire_bytes == xla.wire_bytes) == same_bytes
+
+
 _CONV1X1_DW = lambda x, dy: jnp.einsum("bhwi,bhwo->io", x, dy)  # noqa: E731  a 1x1 conv's kernel gradient
 
 
