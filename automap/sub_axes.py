@@ -14,12 +14,12 @@ every value holds an axis's sub-axes all together, in order, or none of them, so
 that splits an axis apart keeps the refined mesh. An axis whose size is not a prime power is kept
 whole (its sub-axes would fix one order of its prime factors; Shardy takes whichever prefix fits).
 
-Not modelled yet: a convolution's spatial dims have no factors in automap's rules, so where the
-sub-axes reach a convolution's output spatial dims (linen_vit's patch embedding under
-``schedule(fsdp('data'), fsdp('model'))``: the patch grid 2x2 over "model":(1)2 x "model":(2)2 from
-the sequence's reshape) XLA runs the forward convolution on a quarter of the patches and the
-estimate on all of them (24,576 FLOPs per device against XLA's 6,144); its kernel gradient now
-matches XLA's (24,576, was 12,288).
+A convolution's output spatial dims take sub-axes where its windows tile its input
+(:func:`automap.rules.dot._tiled_spatial_dims`): linen_vit's patch embedding under
+``schedule(fsdp('data'), fsdp('model'))`` has its patch grid 2x2 over "model":(1)2 x "model":(2)2
+from the sequence's reshape, and runs on a quarter of the patches as XLA runs it (6,144 FLOPs per
+device; 24,576 while its spatial dims had no factors); its kernel gradient (24,576) matches XLA's.
+Overlapping windows (a 3x3 conv's) keep their spatial dims whole.
 """
 from __future__ import annotations
 
