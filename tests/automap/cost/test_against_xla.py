@@ -1411,6 +1411,10 @@ def _patch(x, w):  # a 4x4 patch embedding (a ViT's): window == stride, VALID
     # rows on model, the kernel's output features on data (FSDP's kernel)
     ("rows and features", [P(None, "model"), P(None, None, None, "data"), P(None, "model", None, "data")],
      2 * 4 * 4 * 4 * 16 * 48 // 8),
+    # not modelled: the result's features split where the kernel is whole (sliced for a conv split
+    # on its batch alone): XLA gathers the input and runs the conv whole, the estimate on an eighth
+    pytest.param("rows and features, kernel whole", [P(None, "data"), P(), P(None, "data", None, "model")],
+                 2 * 4 * 4 * 4 * 16 * 48, marks=pytest.mark.xfail(strict=True, reason="XLA runs it whole")),
 ])
 def test_a_patch_convolution_splits_its_output_positions(name, specs, flops):
     """A convolution whose windows tile its input (stride == window, no padding) is split by
