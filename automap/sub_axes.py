@@ -15,7 +15,7 @@ that splits an axis apart keeps the refined mesh. An axis whose size is not a pr
 whole (its sub-axes would fix one order of its prime factors; Shardy takes whichever prefix fits).
 
 A convolution's output spatial dims take sub-axes where its windows tile its input
-(:func:`automap.rules.dot._tiled_spatial_dims`): linen_vit's patch embedding under
+(:func:`automap.rules.conv_windows.tiled_spatial_dims`): linen_vit's patch embedding under
 ``schedule(fsdp('data'), fsdp('model'))`` has its patch grid 2x2 over "model":(1)2 x "model":(2)2
 from the sequence's reshape, and runs on a quarter of the patches as XLA runs it (6,144 FLOPs per
 device; 24,576 while its spatial dims had no factors); its kernel gradient (24,576) matches XLA's.

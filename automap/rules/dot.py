@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
+from automap.rules.conv_windows import tiled_spatial_dims
 from automap.rules.registry import Factor, FactorRule, RuleContext, einsum, letters, register, replicated
 from automap.rules.traits import CPU_BF16_IN_F32, ELEMENTWISE, contraction
 
@@ -252,7 +253,7 @@ def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int 
           batch_group_count: int = 1, window_strides: Sequence[int] = (), padding: Any = (),
           lhs_dilation: Any = None, rhs_dilation: Any = None, **_: Any) -> FactorRule:
     """Batch and output features parallel, input features a reduction, spatial dims whole but
-    for the tiled ones (:func:`_tiled_spatial_dims`: a patch embedding's, a 1x1 conv's).
+    for the tiled ones (:func:`tiled_spatial_dims`: a patch embedding's, a 1x1 conv's).
 
     With ``G = feature_group_count`` groups the feature dims are ``(g, ci)`` (input), ``(g, og)``
     (kernel output and output) and ``ci`` (kernel input). A depthwise conv (``ci == 1``) is
@@ -306,48 +307,14 @@ def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int 
     ldims[lhs_spec[1]] = g + ci
     rdims[rhs_spec[1]] = ci
     rdims[rhs_spec[0]] = odims[out_spec[1]] = g + og
-    for i in _tiled_spatial_dims(ctx, dimension_numbers, window_strides, padding, lhs_dilation, rhs_dilation):
-        window = rhs.shape[rhs_spec[2 + i]]
-        at = factor(out.shape[out_spec[2 + i]])
-        ldims[lhs_spec[2 + i]] = odims[out_spec[2 + i]] = at
-        ldims[lhs_spec[2 + i]] += factor(window, "blocked")
+    for i in tiled_spatial_dims(ctx, dimension_numbers, window_strides, padding, lhs_dilation, rhs_dilation):
+        position = odims[out_spec[2 + i]] = factor(out.shape[out_spec[2 + i]])
+        ldims[lhs_spec[2 + i]] = position + factor(rhs.shape[rhs_spec[2 + i]], "blocked")  # then the offset
     # XLA partitions a feature-grouped convolution along its groups first: a kernel split on them
     # splits the input's features to match, the examples left whole where their axes collide
     # (a depthwise kernel's channels on 'data' against the examples on ('data', 'model'): the
     # input gathered whole, 16,896 B sent, the conv split 2 ways, not 8)
     return FactorRule(tuple(factors), (tuple(ldims), tuple(rdims)), (tuple(odims),), leading=g if groups > 1 else ())
-
-
-def _tiled_spatial_dims(ctx: RuleContext, dimension_numbers: Any, window_strides: Sequence[int], padding: Any,
-                        lhs_dilation: Any, rhs_dilation: Any) -> list[int]:
-    """The spatial dims (0 = the first) whose windows tile the input: stride == window, no
-    padding, no dilation, the input ``out * window`` long (a patch embedding; a 1x1 stride-1 conv,
-    window 1). Such an input dim is the output position (parallel, shared with the output's dim),
-    major, times the window offset (minor, kept whole): XLA's partitioner splits it over the
-    output positions with no halo (a 4x4 patch conv, its input's 16 rows on 'model': 4 output
-    rows per device, no collective). A kernel split on its window dim is gathered; windows that
-    overlap (a 3x3 stride-1 conv) need a halo exchange, not modelled: those dims stay whole.
-
-    >>> import jax, jax.numpy as jnp
-    >>> from automap.ir.lower import lower
-    >>> f = lambda x, w: jax.lax.conv_general_dilated(x, w, (4, 4), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    >>> rule = lower(jax.make_jaxpr(f)(jnp.ones((2, 8, 16, 3)), jnp.ones((4, 4, 3, 16))), ["x", "w"], ["y"]).ops[0].rule
-    >>> rule.operands[0][1:3], rule.results[0][1:3]  # rows 2 x 4 and columns 4 x 4: (position, offset)
-    (((3, 4), (5, 6)), ((3,), (5,)))
-    >>> [(rule.factors[f].size, rule.factors[f].kind) for f in (3, 4)]
-    [(2, 'parallel'), (4, 'blocked')]
-    """
-    lhs_spec, rhs_spec, out_spec = dimension_numbers
-    lhs, rhs = ctx.operands
-    out = ctx.results[0]
-    tiled = []
-    for i in range(len(lhs_spec) - 2):
-        window, size = rhs.shape[rhs_spec[2 + i]], out.shape[out_spec[2 + i]]
-        if (window_strides and window_strides[i] == window and (not padding or tuple(padding[i]) == (0, 0))
-                and (lhs_dilation or (1,) * (i + 1))[i] == 1 and (rhs_dilation or (1,) * (i + 1))[i] == 1
-                and lhs.shape[lhs_spec[2 + i]] == size * window):
-            tiled.append(i)
-    return tiled
 
 
 def _batch_grouped_conv(ctx: RuleContext, dimension_numbers: Any, groups: int) -> FactorRule:
