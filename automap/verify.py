@@ -25,6 +25,7 @@ import numpy as np
 
 from automap.measure import KINDS, CollectiveOp, Measurement, measure
 from automap.report import human_bytes
+from automap.sub_axes import whole_axis
 
 __all__ = ["Fidelity", "FidelityWarning", "Figure", "CollectiveRow", "OpRow", "TOLERANCES", "verify", "op_axes"]
 
@@ -217,8 +218,11 @@ def op_axes(op: CollectiveOp, mesh_shape: Mapping[str, int]) -> tuple[str, ...]:
 
 
 def _in_mesh_order(axes: Sequence[str], mesh_shape: Mapping[str, int]) -> tuple[str, ...]:
+    """The mesh axes of an estimated collective, a sub-axis as its whole axis (the axis along which
+    its devices differ, as :func:`op_axes` names XLA's)."""
     order = list(mesh_shape)
-    return tuple(sorted((a for a in axes if mesh_shape.get(a, 1) > 1), key=order.index))
+    whole = {whole_axis(a) for a in axes}
+    return tuple(sorted((a for a in whole if mesh_shape.get(a, 1) > 1), key=order.index))
 
 
 def _op_label(metadata: str | None, fallback: str) -> str:

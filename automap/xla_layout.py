@@ -23,6 +23,10 @@ strategy), through automap's factor rules:
   the windows leave it room): an activation split on the batch and a larger weight split on
   its output features over one axis give the result the features, and so do a batch split on
   'data' and a same-size feature split on ('data', 'model') at a multiply;
+- a mesh axis that a factor has room for only part of is split into sub-axes (Shardy's
+  ``"model":(1)2``), the factor taking the part it has room for and the next factor the rest: the
+  layout is made on the mesh of the axes' prime sub-axes and given back on the plan's mesh where
+  no value holds part of an axis (:mod:`automap.sub_axes`);
 - a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
   of an elementwise op takes no more axes sideways than its result holds;
 - a loop is taken as Shardy's ``while``: its invariant operands are the body's own values, its
@@ -57,6 +61,7 @@ from automap.ir.program import Op, Program
 from automap.rules.registry import Factor, FactorRule
 from automap.shardings import ShardingState
 from automap.shardy_sizes import tensor_size
+from automap.sub_axes import coarsened, refined
 from automap.xla_loops import LOOPS, Link, share_owners, with_loop_links
 
 __all__ = ["hlo_order", "xla_layout"]
@@ -80,8 +85,7 @@ def xla_layout(state: ShardingState) -> ShardingState:
     """
     program = state.program
     fixed = frozenset(program.inputs) | frozenset(program.outputs)
-    specs = {v: state.specs[v] for v in fixed if v in state.specs}
-    sizes = state.axes
+    sizes, specs = refined(state, {v: state.specs[v] for v in fixed if v in state.specs})
     order, neighbours, facts = _static(program)
     budget = 64 * (len(order) + 1)
     for level in range(len(ROUNDS)):
@@ -96,6 +100,7 @@ def xla_layout(state: ShardingState) -> ShardingState:
                     if other is not op and other not in queued and facts[other.id].takes_part[level]:
                         queued.add(other)
                         queue.append(other)
+    sizes, specs = coarsened(state, specs) or (sizes, specs)
     priority = {(v, d): 0 for v, spec in specs.items() for d, axes in enumerate(spec) if axes}
     return ShardingState(program, dict(sizes), specs=specs, priority=priority, frozen=state.frozen | fixed,
                          next_priority=max(state.next_priority, 1), labels=dict(state.labels))

@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from automap.sub_axes import whole_axis
+
 __all__ = ["Link", "DeviceSpec", "Level", "Topology", "default_topology", "parse_bytes"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -201,7 +203,7 @@ class Topology:
     def links_for(self, axes: Mapping[str, int]) -> dict[str, Link]:
         """Mesh axis name -> `Link`, for a mesh given as ordered ``{axis: size}`` (``mesh.shape``).
 
-        An explicit ``links[axis]`` wins. Otherwise devices are laid out in mesh order, row-major
+        An explicit ``links[axis]`` wins (for its sub-axes too, :mod:`automap.sub_axes`). Otherwise devices are laid out in mesh order, row-major
         (the last axis varies fastest, as ``jax.make_mesh`` does): an axis's devices are
         ``stride`` apart (the product of the sizes of the axes after it) and span
         ``stride * size`` devices, so it crosses a level's boundary when that exceeds the devices
@@ -227,7 +229,7 @@ class Topology:
         for axis, size in sizes.items():
             if not isinstance(size, (int, np.integer)) or size < 1:
                 raise ValueError(f"mesh axis {axis!r} has size {size!r}; sizes must be ints >= 1")
-        implicit = [a for a in sizes if a not in self.links]
+        implicit = [a for a in sizes if whole_axis(a) not in self.links]
         out: dict[str, Link] = {}
         if implicit:
             if not self.levels:
@@ -248,7 +250,7 @@ class Topology:
                 for lv, bound in zip(self.levels[1:], bounds[:-1], strict=True):
                     if sizes[axis] > 1 and np.ptp(ids // bound, axis=dim).any():
                         out[axis] = lv.link
-        return {a: self.links[a] if a in self.links else out[a] for a in sizes}
+        return {a: self.links[whole_axis(a)] if whole_axis(a) in self.links else out[a] for a in sizes}
 
     def link(self, axis: str, axes: Mapping[str, int]) -> Link:
         """The link of one mesh axis; see `links_for`.

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
+from automap.rules.conv_windows import tiled_spatial_dims
 from automap.rules.registry import Factor, FactorRule, RuleContext, einsum, letters, register, replicated
 from automap.rules.traits import CPU_BF16_IN_F32, ELEMENTWISE, contraction
 
@@ -249,8 +250,10 @@ def _batch_groups_factor(rule: FactorRule, *, batch_group_count: int = 1, dimens
     _conv_contracted, kind="convolution", flops=_conv_flops, platform_flops=(("cpu", _cpu_conv_flops),),
     platform_quadratic=(("cpu", _batch_groups_factor),), platform_upcast=CPU_BF16_IN_F32))
 def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int = 1,
-          batch_group_count: int = 1, **_: Any) -> FactorRule:
-    """Batch and output features parallel, input features a reduction, spatial dims whole.
+          batch_group_count: int = 1, window_strides: Sequence[int] = (), padding: Any = (),
+          lhs_dilation: Any = None, rhs_dilation: Any = None, **_: Any) -> FactorRule:
+    """Batch and output features parallel, input features a reduction, spatial dims whole but
+    for the tiled ones (:func:`tiled_spatial_dims`: a patch embedding's, a 1x1 conv's).
 
     With ``G = feature_group_count`` groups the feature dims are ``(g, ci)`` (input), ``(g, og)``
     (kernel output and output) and ``ci`` (kernel input). A depthwise conv (``ci == 1``) is
@@ -304,6 +307,9 @@ def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int 
     ldims[lhs_spec[1]] = g + ci
     rdims[rhs_spec[1]] = ci
     rdims[rhs_spec[0]] = odims[out_spec[1]] = g + og
+    for i in tiled_spatial_dims(ctx, dimension_numbers, window_strides, padding, lhs_dilation, rhs_dilation):
+        position = odims[out_spec[2 + i]] = factor(out.shape[out_spec[2 + i]])
+        ldims[lhs_spec[2 + i]] = position + factor(rhs.shape[rhs_spec[2 + i]], "blocked")  # then the offset
     # XLA partitions a feature-grouped convolution along its groups first: a kernel split on them
     # splits the input's features to match, the examples left whole where their axes collide
     # (a depthwise kernel's channels on 'data' against the examples on ('data', 'model'): the

@@ -25,6 +25,14 @@ def grouped(x, k):  # 8 channels in 4 groups of 2, 4 outputs per group
     return conv(x, k, groups=4)
 
 
+def patch(x, k):  # a patch embedding: window == stride, VALID; its input's rows tile its output's
+    return lax.conv_general_dilated(x, k, (4, 4), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def pointwise(x, k):  # a 1x1 conv: the window-1 tiling
+    return lax.conv_general_dilated(x, k, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
 def spd_cholesky(a):
     return jnp.linalg.cholesky(a @ a.swapaxes(-1, -2) + 4 * jnp.eye(a.shape[-1]))
 
@@ -97,6 +105,14 @@ ROWS = [
     row("conv_depthwise_batch", depthwise, [(8, 6, 6, 8), (3, 3, 1, 16)], {"x": P("data")}, P("data"), set()),
     row("conv_depthwise_channels", depthwise, [(8, 6, 6, 8), (3, 3, 1, 16)], {"x": P("data", None, None, "model")},
         P("data", None, None, "model"), set(), inner={"conv_general_dilated": P("data", None, None, "model")}),
+    # a conv whose windows tile its input splits over the output positions, no halo, no collective
+    row("conv_patch_rows", patch, [(4, 16, 16, 3), (4, 4, 3, 16)], {"x": P(None, "model")}, P(None, "model"), set(),
+        inner={"conv_general_dilated": P(None, "model")}),
+    row("conv_patch_rows_columns", patch, [(4, 16, 16, 3), (4, 4, 3, 16)], {"x": P(None, "data", "model")},
+        P(None, "data", "model"), set()),
+    row("conv_1x1_rows", pointwise, [(4, 8, 8, 4), (1, 1, 4, 16)], {"x": P(None, "model")}, P(None, "model"), set()),
+    # overlapping windows need a halo exchange: the rows stay whole (gathered)
+    row("conv_3x3_rows_whole", conv, [(8, 8, 6, 4), (3, 3, 4, 16)], {"x": P(None, "model")}, P(), {"all-gather"}),
     # XLA partitions a grouped (not depthwise) conv in no dim, not even its batch: gathered
     row("conv_grouped_whole", grouped, [(8, 6, 6, 8), (3, 3, 2, 16)],
         {"x": P("data"), "k": P(None, None, None, "model")},
