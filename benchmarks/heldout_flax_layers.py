@@ -10,11 +10,19 @@ tokens (8, 16), vocab 64, width 32, 8 classes.
         --workload benchmarks/heldout_flax_layers.py:attention_sdpa \
         --workload benchmarks/heldout_flax_layers.py:conv_up --episodes 16
 
-Measured on jax 0.10.2, mesh 2x4 (32 plans): bytes sent outside 10% in 0, memory outside 25% in 2
-(conv1d manual_fsdp 0.64 and conv_up manual_fsdp 0.68: XLA:CPU's breadth-first schedule gathers the
-input gradients' reversed kernels at the start of the step, next to the forward's; since the
-estimate follows it, :func:`automap.cost.schedule.breadth_first_starts`, 0.88 and 0.93), dot
-FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12. Before the loop's
+Measured on jax 0.10.2, mesh 2x4 (32 plans): bytes sent outside 10% in 1, memory outside 25% in 0
+(conv1d manual_fsdp 0.64 and conv_up manual_fsdp 0.68 before the estimate followed XLA:CPU's
+breadth-first schedule, which gathers the input gradients' reversed kernels at the start of the
+step, next to the forward's: :func:`automap.cost.schedule.breadth_first_starts`, now 0.88 and
+0.93), dot FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12. lstm fsdp
+sends 0.86x XLA's bytes (0.91x before a split's sliced dim was a permutation factor in
+``automap.xla_layout``): of its layout only the input kernel's weight gradient in the backward
+scan and its transpose changed, to XLA's ((), 'model'), where they had the hidden kernel's
+('model', 'data'). Priced in it, the estimate all-reduces that gradient over 'data' (64 KiB over
+the 16 steps) and moves the split pieces by all-to-alls, where XLA reduce-scatters it (its
+all-reduce and the pieces' local slice on 'data' in one) and moves the pieces, as every split of
+the step, by collective-permutes (246 KiB in all, not priced: the all-gathers the estimate put at
+that split before stood in for part of them). Before the loop's
 carry was laid out as Shardy lays it out (:mod:`automap.xla_loops`), lstm fsdp was 2.70 bytes and
 0.67 FLOPs, fsdp_tp 1.51 bytes; before convolutions were sized as Shardy sizes them
 (:mod:`automap.shardy_sizes`), conv1d fsdp_tp 0.63 and manual_fsdp 0.52 bytes; before a transposed

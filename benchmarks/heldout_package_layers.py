@@ -14,28 +14,20 @@ AdamW via the zoo's train step; batch 8, tokens (8, 16) of vocab 64 or images (8
         --workload benchmarks/heldout_package_layers.py:nnx_lora \
         --workload benchmarks/heldout_package_layers.py:nnx_conv_bn --episodes 16
 
-Measured on jax 0.10.2, mesh 2x4 (32 plans): no plan fails; bytes sent outside 10% in 4, memory
-outside 25% in 1, dot FLOPs outside 5% in 2; jit parity 0 of 12, the default dominated in 0 of 12.
-nnx_lora and nnx_conv_bn are within every target. Outside:
+Measured on jax 0.10.2, mesh 2x4 (32 plans): no plan fails; bytes sent outside 10% in 1, memory
+outside 25% in 0, dot FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12
+(before a split's sliced dim was a permutation factor in ``automap.xla_layout``: 4, 1 and 2).
+nnx_lora, nnx_conv_bn and eqx_conv_gru are within every target. Outside, or once:
 
-- eqx_conv_gru fsdp, bytes 0.83: XLA moves the GRU's gates, 96 rows split 4 ways on ``model`` and
-  ``jnp.split`` into pieces of 32, by collective-permutes (56, 10.0 KiB) where the estimate keeps
-  a split's dim whole (``automap.rules.shape._permuted_along``), and all-gathers over ``model`` at
-  the GRU's and the head's dots (32x 21.5 KiB against 4x 1.5 KiB). The pinned program is priced
-  right (489.8 KiB against 491.8 KiB; memory 0.54); the arbiter keeps jax.jit's, 126.8 KiB.
-- eqx_conv_gru manual_fsdp, bytes 0.46, memory 0.40, dot FLOPs 1.11 (jax.jit's program, kept by
-  the arbiter): XLA carries the GRU's state batch-split, f32[1,32] (and stacks its residuals
-  f32[4,1,32]); ``automap.xla_layout`` of the same specs carries it split on the hidden dim
-  (((), ('data', 'model'))), so the backward body follows: XLA's weight gradients are outer
-  products over one example, which it rewrites into multiplies and reduce-scatters every step
-  (145.1 KiB against 27.2 KiB; temporaries 132.9 KiB against 93.3 KiB), where the estimate has
-  the 96 gate rows split and each weight gradient a dot over the whole batch (#197, #206: the
-  73,728 FLOPs XLA does not run). The plan's own (pinned) program is priced right: 233.9 KiB
-  against 237.4 KiB sent, FLOPs equal (memory 0.72).
-- eqx_conv_gru fsdp_tp, bytes 0.44, dot FLOPs 1.09: the backward body laid out by XLA with the
-  batch on ``data`` and the gate rows on ``model`` where the estimate splits the rows on ``data``
-  (collective-permutes 94.3 KiB against 22.3, all-reduces over data 77.4 KiB against 11.4); the
-  pinned program is priced right (238.9 KiB against 240.9 KiB, FLOPs equal).
+- eqx_conv_gru (fixed since): jax.jit's programs, priced by ``automap.xla_layout``, were 0.83x
+  (fsdp), 0.44x (fsdp_tp) and 0.46x (manual_fsdp) XLA's bytes sent, manual_fsdp 0.40x its memory,
+  1.09x and 1.11x its dot FLOPs: the GRU's gates, 96 rows ``jnp.split`` into pieces of 32, passed
+  their rows' split to the pieces before the dots' batch reached them, and the GRU's state was
+  carried split on the hidden dim where XLA carries it batch-split (f32[1, 32]). Shardy's slice
+  rule makes the sliced dim a permutation factor, which moves only in the rounds of every factor
+  (``automap.xla_layout._split_as_shardy``): now 0.90 / 1.02 / 1.03 bytes sent, 0.90 / 0.99 / 0.77
+  memory, dot FLOPs equal. XLA still moves the split gates by collective-permutes (fsdp, 10.0 KiB)
+  where the estimate keeps a split's dim whole (``automap.rules.shape._permuted_along``).
 - eqx_rope fsdp_tp, bytes 0.85 (a plan without a loop that decided only its inputs: one program,
   priced by ``automap.xla_layout``), spread over the vmapped MLP's and RMSNorm's backward: XLA
   all-reduces the MLP's input gradient over ``data`` where the estimate reduce-scatters it (#247:
