@@ -1462,6 +1462,7 @@ def test_a_patch_convolution_splits_its_output_positions(name, specs, flops):
     assert est.dot_flops == xla.dot_flops == flops
     assert est.wire_bytes == xla.wire_bytes == 0
 
+
 def test_a_splits_pieces_take_a_layout_their_users_give_before_the_split_dims():
     """``jnp.split`` of a dot's output whose features are on ('data', 'model') (a GRU's gates: 96
     rows split 8 ways), one piece multiplied by a batch-split dot's result: Shardy's slice rule
