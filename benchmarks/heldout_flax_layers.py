@@ -13,7 +13,9 @@ tokens (8, 16), vocab 64, width 32, 8 classes.
 Measured on jax 0.10.2, mesh 2x4 (32 plans): bytes sent outside 10% in 0, memory outside 25% in 2
 (conv1d manual_fsdp 0.64 and conv_up manual_fsdp 0.68: XLA:CPU's breadth-first schedule gathers the
 input gradients' reversed kernels at the start of the step, next to the forward's; since the
-estimate follows it, :func:`automap.cost.schedule.breadth_first_starts`, 0.88 and 0.93), dot
+estimate follows it, :func:`automap.cost.schedule.breadth_first_starts`, 0.88 and 0.93; conv_up
+fsdp_tp 1.21 -> 1.17 and conv1d fsdp_tp 1.16 -> 1.14 once the shard each early gather moved is freed
+when gathered, :func:`automap.cost.memory._reshard_spans`), dot
 FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12. Before the loop's
 carry was laid out as Shardy lays it out (:mod:`automap.xla_loops`), lstm fsdp was 2.70 bytes and
 0.67 FLOPs, fsdp_tp 1.51 bytes; before convolutions were sized as Shardy sizes them
