@@ -14,7 +14,8 @@ Measured on jax 0.10.2, mesh 2x4 (32 plans): bytes sent outside 10% in 1, memory
 (conv1d manual_fsdp 0.64 and conv_up manual_fsdp 0.68 before the estimate followed XLA:CPU's
 breadth-first schedule, which gathers the input gradients' reversed kernels at the start of the
 step, next to the forward's: :func:`automap.cost.schedule.breadth_first_starts`, now 0.88 and
-0.93), dot FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12. lstm fsdp
+0.93; conv_up fsdp_tp 1.21 -> 1.17 and conv1d fsdp_tp 1.16 -> 1.14 once the shard each early
+gather moved is freed when gathered, :func:`automap.cost.memory._reshard_spans`), dot FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12. lstm fsdp
 sends 0.86x XLA's bytes (0.91x before a split's sliced dim was a permutation factor in
 ``automap.xla_layout``): of its layout only the input kernel's weight gradient in the backward
 scan and its transpose changed, to XLA's ((), 'model'), where they had the hidden kernel's

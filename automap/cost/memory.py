@@ -207,23 +207,33 @@ def _reshard_spans(
     then slices); that step is position ``len(ops)``. ``moved``, ``combined``: :mod:`automap.cost.schedule`;
     ``early``: value -> the earlier position where XLA:CPU's breadth-first schedule runs its
     collective (:func:`automap.cost.schedule.breadth_first_starts`: the backward's reversed kernels
-    gathered at the start of the step).""" 
+    gathered at the start of the step). There XLA runs the value's whole chain of steps (a
+    collective-permute of the shard, then the gather) and frees each step's operand as the next
+    one is made: only the chain's last step is held until the op (held-out ``nn.ConvTranspose``
+    under fsdp_tp: each reversed kernel's 3 KiB moved shard was counted next to its 12 KiB gather
+    through the forward).""" 
     copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
+    passed: dict[tuple, bool] = {}  # key -> only ever a step before the last of an early chain
     made = _producers(program, ops)
     end = len(ops)  # in a body: the step after its last op
     for i, rs in sorted((index[op], rs) for op, rs in reshards.items() if op in index):  # in program order
+        last = {r.value: r for r in rs if r.where == "operand"}
         for r in rs:
             if r.where == "operand":
                 first = made.get(r.value, 0) if body else (
                     min(made[r.value] + 1, early.get(r.value, len(ops))) if r.value in made else 0)
                 got = copies.setdefault((r.value, r.kind, r.axes), [min(first, i), i, r.bytes])
                 got[1] = i
+                key = (r.value, r.kind, r.axes)
+                passed[key] = passed.get(key, True) and r.value in early and last[r.value] is not r
             elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
                 copies[(r.value, r.kind, r.axes, i)] = [i, end if body else combined.get(i, i), r.bytes]
                 if body:
                     copies[(r.value, r.kind, r.axes, i, "reduced")] = [end, end, r.bytes]
     for got in (got for key, got in copies.items() if len(key) == 3 and got[1] in moved):  # a copy read last there
         got[1] = max(moved[got[1]], got[0])
+    for key in (key for key, only in passed.items() if only):  # freed once the next step is made
+        copies[key][1] = copies[key][0]
     return [tuple(c) for c in copies.values()]
 
 
