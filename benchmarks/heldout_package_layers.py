@@ -36,11 +36,14 @@ nnx_lora and nnx_conv_bn are within every target. Outside:
   batch on ``data`` and the gate rows on ``model`` where the estimate splits the rows on ``data``
   (collective-permutes 94.3 KiB against 22.3, all-reduces over data 77.4 KiB against 11.4); the
   pinned program is priced right (238.9 KiB against 240.9 KiB, FLOPs equal).
-- eqx_rope fsdp_tp, bytes 0.85 (a plan without a loop that decided only its inputs: one program,
-  priced by ``automap.xla_layout``), spread over the vmapped MLP's and RMSNorm's backward: XLA
-  all-reduces the MLP's input gradient over ``data`` where the estimate reduce-scatters it (#247:
-  8.0 KiB against 4.0), gathers the RMSNorm products over both axes (#275, #361: 20.0 KiB each
-  against 8.0) and adds collective-permutes over both axes (29.5 KiB against 8.0).
+- eqx_rope fsdp_tp was bytes 0.85 (a plan without a loop that decided only its inputs: one program,
+  priced by ``automap.xla_layout``), now 0.98 (memory 0.94 -> 0.98; the counts above are from
+  before): the embedding gradient, the scatter-add of a vmapped ``weight[i]`` (every dim of the
+  table indexed), did not link the table's whole-width feature dim to the updates' (Shardy's rule
+  does: ``([k, m], [i, j, n], [i, j, l, m])->([k, m])``), so the updates took the batch split on
+  ``data`` from the indices and passed it back through the RMSNorm and MLP cotangents into the
+  forward residual stream, where XLA keeps the features on ``model`` alone (the MLP's input
+  gradient all-reduced over ``data``, #247; the RMSNorm products gathered, #275, #361).
 """
 import jax
 import jax.numpy as jnp
