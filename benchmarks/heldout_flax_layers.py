@@ -28,6 +28,19 @@ carry was laid out as Shardy lays it out (:mod:`automap.xla_loops`), lstm fsdp w
 0.67 FLOPs, fsdp_tp 1.51 bytes; before convolutions were sized as Shardy sizes them
 (:mod:`automap.shardy_sizes`), conv1d fsdp_tp 0.63 and manual_fsdp 0.52 bytes; before a transposed
 conv's kernel gradient was counted as XLA:CPU runs it, conv_up 1.12 FLOPs on every plan.
+
+On mesh 4x2 conv1d fsdp_tp is outside, bytes 0.84 (67.7 KiB against 81.0), though its layout is
+Shardy's, op for op: conv1's input gradient (#174) contracts the 64 channels on ``data`` into a
+result wanted on ``data`` along its 32 channels. XLA's partitioner emits it as the estimate prices
+it, an all-reduce then a ``dynamic-slice`` of a quarter (a reduce-scatter to ``automap.measure``);
+but its only user, the embedding's scatter-add, takes the updates split on the tokens over
+``model`` too (XLA partitions the scatter so: the table's rows on ``model``, its result all-reduced
+over ``model``), and XLA:CPU's simplifier merges the two slices into one that keeps an eighth,
+which no longer reads as a reduce-scatter: 24.0 KiB of all-reduce where the estimate has 12.0 KiB
+of reduce-scatter. Counting such an all-reduce as a reduce-scatter in the measure (a slice keeping
+1/(k x group)) gives 0.98 but moves four layout_matrix rows out (their estimate already all-reduces
+where the result is kept split further than it is summed); pricing it in the estimate needs the
+scatter-add's own XLA partitioning (updates sliced over the table's row axis), left as it is.
 """
 import flax.linen as nn
 import jax

@@ -14,10 +14,10 @@ AdamW via the zoo's train step; batch 8, tokens (8, 16) of vocab 64 or images (8
         --workload benchmarks/heldout_package_layers.py:nnx_lora \
         --workload benchmarks/heldout_package_layers.py:nnx_conv_bn --episodes 16
 
-Measured on jax 0.10.2, mesh 2x4 (32 plans): no plan fails; bytes sent outside 10% in 1, memory
+Measured on jax 0.10.2, mesh 2x4 (32 plans): no plan fails; bytes sent outside 10% in 0, memory
 outside 25% in 0, dot FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12
-(before a split's sliced dim was a permutation factor in ``automap.xla_layout``: 4, 1 and 2).
-nnx_lora, nnx_conv_bn and eqx_conv_gru are within every target. Outside, or once:
+(4, 1 and 2 outside before a split's sliced dim was a permutation factor in ``automap.xla_layout``
+and a scatter-add linked an indexed whole-width dim to its updates). Once outside:
 
 - eqx_conv_gru (fixed since): jax.jit's programs, priced by ``automap.xla_layout``, were 0.83x
   (fsdp), 0.44x (fsdp_tp) and 0.46x (manual_fsdp) XLA's bytes sent, manual_fsdp 0.40x its memory,
@@ -28,11 +28,13 @@ nnx_lora, nnx_conv_bn and eqx_conv_gru are within every target. Outside, or once
   (``automap.xla_layout._split_as_shardy``): now 0.90 / 1.02 / 1.03 bytes sent, 0.90 / 0.99 / 0.77
   memory, dot FLOPs equal. XLA still moves the split gates by collective-permutes (fsdp, 10.0 KiB)
   where the estimate keeps a split's dim whole (``automap.rules.shape._permuted_along``).
-- eqx_rope fsdp_tp, bytes 0.85 (a plan without a loop that decided only its inputs: one program,
-  priced by ``automap.xla_layout``), spread over the vmapped MLP's and RMSNorm's backward: XLA
-  all-reduces the MLP's input gradient over ``data`` where the estimate reduce-scatters it (#247:
-  8.0 KiB against 4.0), gathers the RMSNorm products over both axes (#275, #361: 20.0 KiB each
-  against 8.0) and adds collective-permutes over both axes (29.5 KiB against 8.0).
+- eqx_rope fsdp_tp was bytes 0.85 (a plan without a loop that decided only its inputs: one program,
+  priced by ``automap.xla_layout``), now 0.98 (memory 0.94 -> 0.98): the embedding gradient, the scatter-add of a vmapped ``weight[i]`` (every dim of the
+  table indexed), did not link the table's whole-width feature dim to the updates' (Shardy's rule
+  does: ``([k, m], [i, j, n], [i, j, l, m])->([k, m])``), so the updates took the batch split on
+  ``data`` from the indices and passed it back through the RMSNorm and MLP cotangents into the
+  forward residual stream, where XLA keeps the features on ``model`` alone (the MLP's input
+  gradient all-reduced over ``data``, #247; the RMSNorm products gathered, #275, #361).
 """
 import jax
 import jax.numpy as jnp

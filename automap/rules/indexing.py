@@ -53,7 +53,6 @@ def _scatter_rule(ctx: RuleContext, dn: Any, combine: bool) -> FactorRule:
     operand, indices, updates = ctx.operands[:3]
     update_window = tuple(dn.update_window_dims)
     inserted = set(dn.inserted_window_dims)
-    indexed = set(dn.scatter_dims_to_operand_dims)
     op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
     idx_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
     pool = iter(letters(operand.ndim + indices.ndim + updates.ndim))
@@ -70,7 +69,8 @@ def _scatter_rule(ctx: RuleContext, dn: Any, combine: bool) -> FactorRule:
     blocked = "" if combine else "".join(iterm[i] for i in scatter_dims if i not in idx_batch)
     window = [d for d in range(operand.ndim) if d not in inserted and d not in op_batch]
     for pd, ud in zip(window, update_window, strict=True):
-        if pd not in indexed and updates.shape[ud] == operand.shape[pd]:
+        # a whole-dim window passes the dim through, even when indexed (as at a gather)
+        if updates.shape[ud] == operand.shape[pd]:
             uterm[ud] = pterm[pd]
     terms = [''.join(pterm), ''.join(iterm), ''.join(uterm)]
     return einsum(ctx, ",".join(terms) + "->" + ",".join(''.join(pterm) for _ in ctx.results), blocked=blocked)

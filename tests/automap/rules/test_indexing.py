@@ -57,6 +57,10 @@ ROWS = [
     row("embed_grad_dp", embed_grad, [TOK, (8, 8, D)], {"tokens": P("data"), "g": P("data")}, P(), {"all-reduce"}),
     row("embed_grad_dp_tp", embed_grad, [TOK, (8, 8, D)], {"tokens": P("data"), "g": P("data", None, "model")},
         P(None, "model"), {"all-reduce"}),
+    # equinox's: every dim of the table indexed, the features' whole-dim window still passes
+    # through to the updates (Shardy's rule: ([k, m], [i, j, n], [i, j, l, m])->([k, m]))
+    row("embed_vmapped_grad_dmodel", lambda e, tokens, g: jax.vjp(lambda e: embed_vmapped(e, tokens), e)[1](g)[0],
+        [(V, D), TOK, (8, 8, D)], {"g": P(None, None, "model")}, P(None, "model"), set()),
     row("embed_grad_vocab_sharded", embed_grad_into, [(V, D), TOK, (8, 8, D)], {"acc": P("model")}, P("model"),
         set()),
     # the accumulator counts once, however the updates are split
