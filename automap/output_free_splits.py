@@ -36,17 +36,18 @@ def free_splits_an_output_leaves_whole(op: Op, state, free: list[dict[int, Axes]
 
 
 def free_splits_kept(op: Op, state, free: list[dict[int, Axes]], alt: dict[int, Axes],
-                     templates_of: Callable) -> tuple[dict[int, Axes], tuple]:
+                     templates_of: Callable) -> tuple[dict[int, Axes], tuple | None]:
     """(factor axes, reshard templates) of a dot summing partial results (``alt``, its layout so
     far) with the operands' free splits (``free``, one dict per operand) it keeps:
-    :func:`free_splits_an_output_leaves_whole`, then :func:`_kept_over_their_sum`."""
+    :func:`free_splits_an_output_leaves_whole`, then :func:`_kept_over_their_sum`; the templates
+    None where they were not needed to choose (``templates_of`` gives them)."""
     alt = {**alt, **free_splits_an_output_leaves_whole(op, state, free, alt)}
     return _kept_over_their_sum(op, state, free, alt, templates_of)
 
 
 def _kept_over_their_sum(op: Op, state, free: list[dict[int, Axes]], alt: dict[int, Axes],
-                         templates_of: Callable) -> tuple[dict[int, Axes], tuple]:
-    """(factor axes, reshard templates) of a dot summing partial results (``alt``, its layout so
+                         templates_of: Callable) -> tuple[dict[int, Axes], tuple | None]:
+    """(factor axes, reshard templates or None) of a dot summing partial results (``alt``, its layout so
     far) with an operand's free split (``free``, one dict per operand) on a dim the result wants
     split over summed axes alone, the free split's axes nowhere else in the result or ``alt``:
     XLA keeps the free split where that moves fewer bytes, all-reduces the partial result over the
@@ -61,7 +62,6 @@ def _kept_over_their_sum(op: Op, state, free: list[dict[int, Axes]], alt: dict[i
     on 'model' (the kernel 1/4x the result): the kernel gathered over 'data', a reduce-scatter
     over 'model', as the bytes say (kept, the estimate was 1.10x XLA's bytes sent)."""
     rule = op.rule
-    base = templates_of(op, state, alt)
     wanted = state.spec(op.linked_outputs[0])
     summed = {a for f in rule.reduction_factors for a in alt.get(f, ())}
     taken = {a for axes in wanted for a in axes if a not in summed} | {a for axes in alt.values() for a in axes}
@@ -69,7 +69,8 @@ def _kept_over_their_sum(op: Op, state, free: list[dict[int, Axes]], alt: dict[i
     kept = {f: axes for split in free for f, axes in split.items()
             if f in over_sum and f not in alt and not set(axes) & taken}
     if not kept:
-        return alt, base
+        return alt, None
+    base = templates_of(op, state, alt)
     more = {**alt, **kept}
     other = templates_of(op, state, more)
     return (more, other) if moved_bytes(other) < moved_bytes(base) else (alt, base)

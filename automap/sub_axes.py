@@ -75,10 +75,11 @@ def refined(state: ShardingState, specs: Mapping[int, Spec]) -> tuple[dict[str, 
     >>> refined(SimpleNamespace(axes={"data": 2, "model": 4}), {7: (("data", "model"), ())})
     ({'data': 2, 'model:(1)2': 2, 'model:(2)2': 2}, {7: (('data', 'model:(1)2', 'model:(2)2'), ())})
     """
-    parts = {a: tuple(name for name, _ in subs) for a, subs in sub_axes(state.axes).items()}
+    subs = sub_axes(state.axes)
+    parts = {a: tuple(name for name, _ in pieces) for a, pieces in subs.items()}
     sizes: dict[str, int] = {}
     for a, n in state.axes.items():
-        sizes.update(dict(sub_axes(state.axes)[a]) if a in parts else {a: n})
+        sizes.update(dict(subs[a]) if a in parts else {a: n})
     return sizes, {v: tuple(tuple(s for a in axes for s in parts.get(a, (a,))) for axes in spec)
                    for v, spec in specs.items()}
 

@@ -228,10 +228,12 @@ def _nnx_workload(name, module):
 
 
 def eqx_rope():
+    """The ``eqx_rope`` probe (equinox attention with rotary embeddings, RMSNorm, Dropout and an MLP over tokens): ``fidelity.py --workload benchmarks/heldout_package_layers.py:eqx_rope``."""
     return _eqx_workload("eqx_rope", _eqx_rope_model, _token_batch(), _tokens, "tokens")
 
 
 def eqx_conv_gru():
+    """The ``eqx_conv_gru`` probe (equinox Conv2d x2 and GroupNorm over an image, its rows read by a GRUCell under lax.scan): ``fidelity.py --workload benchmarks/heldout_package_layers.py:eqx_conv_gru``."""
     spec = {"image": jax.ShapeDtypeStruct((B, *IMAGE), jnp.float32), "labels": jax.ShapeDtypeStruct((B,), jnp.int32)}
 
     def make_batch(seed):
@@ -243,8 +245,10 @@ def eqx_conv_gru():
 
 
 def nnx_lora():
+    """The ``nnx_lora`` probe (nnx LoRALinear, per-head nnx.Einsum, RMSNorm, a depthwise Conv and GroupNorm over tokens): ``fidelity.py --workload benchmarks/heldout_package_layers.py:nnx_lora``."""
     return _nnx_workload("nnx_lora", _nnx_lora_model())
 
 
 def nnx_conv_bn():
+    """The ``nnx_conv_bn`` probe (nnx LinearGeneral, a causal dilated Conv, BatchNorm on batch statistics, Embed.attend): ``fidelity.py --workload benchmarks/heldout_package_layers.py:nnx_conv_bn``."""
     return _nnx_workload("nnx_conv_bn", _nnx_conv_bn_model())

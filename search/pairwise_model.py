@@ -20,7 +20,23 @@ RESOLUTION = 1e-6  # plans faster by less than this fraction count as no faster
 
 
 class PairwiseModel:
-    """The pairwise cost model around one start, as a mixed-integer program."""
+    """The pairwise cost model around one start, as a mixed-integer program: ``opts`` per
+    decision group (:func:`search.ilp.options`), ``consider(moves, keep=False)`` the real cost
+    model's score of the plan ``moves`` make from the root.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.cost import Topology
+    >>> from automap.shardings import ShardingState
+    >>> from search.greedy import replay
+    >>> from search.ilp import options
+    >>> prog = lower(jax.make_jaxpr(lambda w, x: jnp.tanh(x @ w))(jnp.ones((8, 8)), jnp.ones((8, 8))), ["w", "x"], ["y"])
+    >>> space = SearchSpace(ShardingState.initial(prog, {"data": 2}), topology=Topology.preset("cpu-sim"))
+    >>> consider = lambda moves, keep=False: space.score(replay(space, moves)[0])
+    >>> model = PairwiseModel(space, (), options(space, space.root), None, consider)
+    >>> model.value({}) == space.score(space.root).time_s  # every group as it is: the start's time
+    True
+    """
 
     def __init__(self, space: SearchSpace, start: tuple[Move, ...], opts: list[list[Option]],
                  ceiling: Ceiling | None, consider) -> None:
@@ -184,5 +200,11 @@ def latencies(space: SearchSpace, score: Score) -> dict[tuple, float]:
 
 
 def fits_ceiling(score: Score, ceiling: Ceiling | None) -> bool:
-    """Whether ``score`` fits the memory budget and ``ceiling`` (when there is one)."""
+    """Whether ``score`` fits the memory budget and ``ceiling`` (when there is one).
+
+    >>> import types
+    >>> score = types.SimpleNamespace(feasible=True, peak_bytes=10, estimate=types.SimpleNamespace(wire_bytes=80.0))
+    >>> fits_ceiling(score, None), fits_ceiling(score, Ceiling(wire_bytes=60.0, peak_bytes=10))
+    (True, False)
+    """
     return Objective(ceiling=ceiling).fits(score)
