@@ -5,7 +5,8 @@
 ['automap', 'checkpoint', 'cost', 'lower']
 """
 from automap import cost, rules, zoo
-from automap.api import Partitioned, Plan, automap, make_mesh, partition
+from automap.api import Partitioned, automap, make_mesh, partition
+from automap.plan import Plan
 from automap.cost import Estimate, Topology
 from automap.ir.lower import lower
 from automap.ir.program import Op, Program, Region, Value

@@ -3,7 +3,7 @@
 ``save(path, state, plan=None)`` writes a pytree of arrays (flax nnx objects are saved as their
 ``nnx.to_pure_dict`` state) to the directory ``path`` with orbax's synchronous
 ``StandardCheckpointHandler``; every device writes its own shards. ``restore(path, target)`` reads
-it back onto ``target``: a :class:`~automap.api.Plan` (the argument the checkpoint is for is found by
+it back onto ``target``: a :class:`~automap.plan.Plan` (the argument the checkpoint is for is found by
 its leaf paths), a pytree of shardings or ``jax.ShapeDtypeStruct`` with shardings, or one sharding
 for every leaf. Each device reads only its own slices, so restoring onto another mesh is a matter of
 replanning on it and restoring with the new plan.
@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import jax
 from jax import tree_util
 
-from automap.api import Plan
+from automap.plan import Plan
 from automap.atomic import readable_directory, replace_directory, staging_directory
 from automap.nnx_args import GraphArgs
 from automap.trace import path_str

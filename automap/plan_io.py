@@ -1,4 +1,4 @@
-"""Plan files: save a :class:`~automap.api.Plan` as JSON, load it back for the same function.
+"""Plan files: save a :class:`~automap.plan.Plan` as JSON, load it back for the same function.
 
 The file (format ``automap-plan``, version 1) holds:
 
@@ -273,7 +273,7 @@ class StoredPlan:
         topology: Any = None, donate_argnums: Sequence[int] = (),
     ) -> Any:
         """Trace and lower ``fn(*args)``, check it against the stored plan, and set the stored specs."""
-        from automap.api import Plan
+        from automap.plan import Plan
         from automap.ir.recompute import recompute
         from automap.ir.unremat import drop_remat
         from automap.planner import donated_inputs, trace_and_lower

@@ -1,4 +1,4 @@
-"""From a function and example arguments to a :class:`~automap.api.Plan`: trace, lower, run the
+"""From a function and example arguments to a :class:`~automap.plan.Plan`: trace, lower, run the
 tactic schedule (and, later, the search), tie fed-back outputs to their inputs, choose pins."""
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def make_plan(
     arbiter: Any = None,
     keep_user_remat: bool = False,
 ) -> Any:
-    from automap.api import Plan
+    from automap.plan import Plan
     from tactics import PlanContext, batch_over_all_axes, run_schedule
 
     traced, program = trace_and_lower(fn, args, static_argnums=static_argnums, strict=strict)
@@ -249,7 +249,7 @@ def _tie_outputs(state: ShardingState, program: Program, pairs: dict[int, int]) 
 def _emitted_layout(program: Program, pairs: dict[int, int],
                     pins: emit.PinPolicy) -> Callable[[ShardingState], ShardingState]:
     """A function giving a search state's layout as its plan compiles (what
-    :attr:`automap.api.Plan.layout` prices): for a plan that pins nothing, the layout XLA's
+    :attr:`automap.plan.Plan.layout` prices): for a plan that pins nothing, the layout XLA's
     propagation gives its specs (fed-back outputs tied); otherwise the state itself."""
     from automap.xla_layout import xla_layout
 
