@@ -4,6 +4,8 @@
 snippet) into computations of instructions with parsed result shapes, operand names and raw
 attribute strings. Lines it does not understand are skipped; an instruction whose result shape
 cannot be parsed is kept with `shape=None` so that callers decide whether that is fatal.
+A collective's device groups are read by :mod:`automap.hlo_device_groups`; what runs how often
+and what depends on what, across calls and loops, by :mod:`automap.hlo_call_graph`.
 """
 from __future__ import annotations
 
@@ -14,12 +16,9 @@ import re
 from collections.abc import Iterator
 from typing import Union
 
-import numpy as np
-
 __all__ = [
     "ArrayShape", "TupleShape", "Shape", "Instruction", "Computation", "Module",
-    "parse_shape", "parse_module", "replica_groups", "source_target_pairs", "callees",
-    "execution_counts", "depends_on", "int_list",
+    "parse_shape", "parse_module", "callees", "int_list",
 ]
 
 # bits per element; sub-byte types are rounded up to whole bytes per buffer
@@ -289,96 +288,6 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in re.findall(r"-?\d+", text)]
 
 
-# ---------------------------------------------------------------- replica groups
-
-_IOTA = re.compile(r"^\[([\d,\s]*)\]<=\[([\d,\s]*)\](?:T\(([\d,\s]*)\))?$")
-
-
-def replica_groups(inst: Instruction, num_devices: int | None = None) -> list[list[int]] | None:
-    """The device groups of a collective, in any syntax XLA prints; None if it has none.
-
-    Explicit ``{{0,1},{2,3}}``; empty ``{}`` (all devices: one group of ``num_devices``, or
-    ``[]`` when that is unknown); iota ``[2,4]<=[8]`` and ``[4,2]<=[2,4]T(1,0)``; and mesh
-    axes ``mesh['a'=2,'b'=4] {'b'}``, optionally with ``device_ids=(...)`` and sub-axes
-    ``'b':(1)2``.
-    """
-    text = inst.attrs.get("replica_groups")
-    if text is None:
-        return None
-    try:
-        return _parse_groups(text.strip(), inst.attrs.get("device_ids"), num_devices)
-    except (AttributeError, IndexError, ValueError) as e:  # a regex did not match, bad sizes
-        raise ValueError(f"cannot parse replica_groups={text} ({e}) in: {inst.line}") from e
-
-
-def _parse_groups(text: str, device_ids: str | None,
-                  num_devices: int | None) -> list[list[int]]:
-    if text.startswith("mesh"):
-        return _mesh_groups(text, device_ids)
-    if m := _IOTA.match(text.replace(" ", "")):
-        shape, reshape = int_list(m.group(1)), int_list(m.group(2))
-        ids = np.arange(math.prod(reshape)).reshape(reshape)
-        if m.group(3) is not None:
-            ids = ids.transpose(int_list(m.group(3)))
-        return ids.reshape(shape).tolist()
-    if text.startswith("{"):
-        groups = [int_list(g) for g in re.findall(r"\{([^{}]*)\}", text[1:-1])]
-        if groups:
-            return groups
-        return [list(range(num_devices))] if num_devices else []
-    raise ValueError("unknown syntax")
-
-
-def _mesh_groups(text: str, device_ids: str | None) -> list[list[int]]:
-    # mesh['a'=2,'b'=4] {'b'}   |   mesh['a'=2,'b'=4], device_ids=([2,4]T(1,0)) {'b'}
-    axes_text = re.match(r"mesh\[([^\]]*)\]", text).group(1)
-    axes = [(n.strip().strip("'\""), int(s)) for n, s in
-            (a.rsplit("=", 1) for a in axes_text.split(",") if a.strip())]
-    tail = device_ids if device_ids is not None else text
-    group_text = re.search(r"\{([^{}]*)\}\s*$", tail).group(1)
-    n = math.prod(s for _, s in axes)
-    devices = np.arange(n)
-    if device_ids is not None:
-        ids_text = tail[:tail.rindex("{")].strip().removeprefix("(").removesuffix(")")
-        devices = _device_array(ids_text, n)
-    refs = []  # (mesh axis index, pre_size or None, size)
-    for ref in re.findall(r"'[^']*'(?::\(\d+\)\d+)?|[\w.\-]+(?::\(\d+\)\d+)?", group_text):
-        m = re.match(r"'?([^':]*)'?(?::\((\d+)\)(\d+))?$", ref)
-        idx = [a for a, _ in axes].index(m.group(1))
-        refs.append((idx, int(m.group(2)) if m.group(2) else None,
-                     int(m.group(3)) if m.group(3) else axes[idx][1]))
-    # split each mesh axis at its sub-axis boundaries (major to minor), then group the refs
-    dims, ref_dim = [], {}
-    for idx, (_, size) in enumerate(axes):
-        subs = [(pre, sz) for i, pre, sz in refs if i == idx and pre is not None]
-        bounds = sorted({1, size, *(p for p, _ in subs), *(p * s for p, s in subs)})
-        base = len(dims)
-        dims += [b // a for a, b in zip(bounds, bounds[1:], strict=False)] or [1]
-        for i, pre, _ in refs:
-            if i == idx:
-                ref_dim[(i, pre)] = base + (bounds.index(pre) if pre is not None else 0)
-    grouped = [ref_dim[(i, pre)] for i, pre, _ in refs]
-    order = [d for d in range(len(dims)) if d not in grouped] + grouped
-    size = math.prod(dims[d] for d in grouped)
-    return devices.reshape(dims).transpose(order).reshape(-1, size).tolist()
-
-
-def _device_array(text: str, n: int) -> np.ndarray:
-    m = re.match(r"^\[([\d,\s]*)\](?:<=\[([\d,\s]*)\])?(?:T\(([\d,\s]*)\))?$", text.strip())
-    if m is None:  # an explicit list of ids
-        return np.array(int_list(text))
-    reshape = int_list(m.group(2) if m.group(2) is not None else m.group(1))
-    ids = np.arange(math.prod(reshape)).reshape(reshape)
-    if m.group(3) is not None:
-        ids = ids.transpose(int_list(m.group(3)))
-    return ids.reshape(n)
-
-
-def source_target_pairs(inst: Instruction) -> list[list[int]] | None:
-    text = inst.attrs.get("source_target_pairs")
-    return None if text is None else [int_list(p) for p in re.findall(r"\{([^{}]*)\}", text)]
-
-
 # ---------------------------------------------------------------- call graph
 
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
@@ -412,93 +321,3 @@ def callees(inst: Instruction) -> list[tuple[str, str, int | None]]:
     if key is None or key not in a:
         return []
     return [(n, op, 1) for n in _comp_names(a[key])]
-
-
-def execution_counts(module: Module) -> tuple[dict[str, int], list[str]]:
-    """How many times each computation reachable from ENTRY runs, and warnings.
-
-    Counts multiply along nested calls and add over call sites; a while without a known trip
-    count is counted once (with a warning).
-    """
-    order, seen, warnings = [], set(), []
-
-    def visit(name: str) -> None:  # post-order over the (acyclic) call graph
-        if name in seen or name not in module.computations:
-            return
-        seen.add(name)
-        for inst in module.computations[name].instructions.values():
-            for callee, _, _ in callees(inst):
-                visit(callee)
-        order.append(name)
-
-    if module.entry is None:
-        return {}, warnings
-    visit(module.entry)
-    counts = dict.fromkeys(order, 0)
-    counts[module.entry] = 1
-    for name in reversed(order):
-        for inst in module.computations[name].instructions.values():
-            for callee, role, times in callees(inst):
-                if callee not in counts:
-                    continue
-                if times is None:
-                    times = 1
-                    if role == "body":
-                        warnings.append(f"while {inst.name!r} in {name!r} has no known_trip_count;"
-                                        " its body is counted once")
-                counts[callee] += counts[name] * times
-    return counts, warnings
-
-
-def depends_on(module: Module, comp: str, name: str, opcodes: frozenset[str]) -> bool:
-    """Whether instruction `name` of `comp` may depend on an instruction with one of `opcodes`.
-
-    Follows operands, fusion/call parameters to the caller's operands, and while-loop tuple
-    elements to the loop's init and body root; an over-approximation.
-    """
-    seen: set[tuple[str, str]] = set()
-
-    def element(c: str, n: str, index: int) -> bool:
-        inst = module.computations[c].instructions.get(n)
-        if inst is not None and inst.opcode == "tuple" and index < len(inst.operands):
-            return visit(c, inst.operands[index])
-        return visit(c, n)
-
-    def from_parameter(c: str, inst: Instruction, index: int | None) -> bool:
-        for caller, call, role in module.callers.get(c, []):
-            if role in ("body", "condition"):
-                body = module.computations.get(call.attrs["body"].lstrip("%"))
-                sources = [(caller, call.operands[0])]
-                if body is not None and body.root is not None:
-                    sources.append((body.name, body.root.name))
-                for src_comp, src in sources:
-                    if element(src_comp, src, index) if index is not None else visit(src_comp, src):
-                        return True
-            elif role == "branch" or inst.parameter_number is None:
-                if any(visit(caller, o) for o in call.operands):
-                    return True
-            elif inst.parameter_number < len(call.operands):
-                if visit(caller, call.operands[inst.parameter_number]):
-                    return True
-        return False
-
-    def visit(c: str, n: str) -> bool:
-        if (c, n) in seen or c not in module.computations:
-            return False
-        seen.add((c, n))
-        inst = module.computations[c].instructions.get(n)
-        if inst is None:
-            return False
-        if inst.opcode in opcodes:
-            return True
-        if inst.opcode == "parameter":
-            return from_parameter(c, inst, None)
-        if inst.opcode == "get-tuple-element" and inst.operands:
-            src = module.computations[c].instructions.get(inst.operands[0])
-            index = int(inst.attrs.get("index", "0"))
-            if src is not None and src.opcode == "parameter":
-                return from_parameter(c, src, index)
-            return element(c, inst.operands[0], index)
-        return any(visit(c, o) for o in inst.operands)
-
-    return visit(comp, name)

@@ -29,7 +29,7 @@ import dataclasses
 import functools
 from typing import Any, Literal
 
-from automap import hlo
+from automap import hlo, hlo_call_graph, hlo_device_groups
 from automap.contraction_flops import contraction_flops, library_target
 from automap.hlo import ArrayShape, Computation, Instruction, Module, TupleShape
 
@@ -205,7 +205,7 @@ def _memory(compiled: Any) -> MemoryStat | None:
 
 
 def _measure_module(module: Module, memory: MemoryStat | None) -> Measurement:
-    counts, warnings = hlo.execution_counts(module)
+    counts, warnings = hlo_call_graph.execution_counts(module)
     ops, flops = [], 0
     for comp_name, times in counts.items():
         comp = module.computations[comp_name]
@@ -233,7 +233,7 @@ def _collective(module: Module, comp: Computation, inst: Instruction,
         raise ValueError(f"cannot parse the result shape of collective {inst.name!r} in "
                          f"computation {comp.name!r}: {inst.line}")
     kind = _OPCODES[inst.opcode]
-    groups = hlo.replica_groups(inst, module.num_devices)
+    groups = hlo_device_groups.replica_groups(inst, module.num_devices)
     group_size = len(groups[0]) if groups else module.num_devices
     shape = inst.shape
     if inst.opcode in _RESULT_IS_ELEMENT_1 and isinstance(shape, TupleShape) \
@@ -241,7 +241,7 @@ def _collective(module: Module, comp: Computation, inst: Instruction,
         shape = shape.parts[1]
     op = functools.partial(CollectiveOp, count_multiplier=times, replica_groups=groups,
                            name=inst.name, computation=comp.name,
-                           source_target_pairs=hlo.source_target_pairs(inst), opcode=inst.opcode,
+                           source_target_pairs=hlo_device_groups.source_target_pairs(inst), opcode=inst.opcode,
                            group_size=group_size)
     if kind == "reduce-scatter":
         operands = [_operand_shape(comp, inst, i) for i in range(len(inst.operands))]
@@ -303,7 +303,7 @@ def _scatters(module: Module, shape: hlo.Shape, slices: list | None,
         factor, rest = divmod(shape.elements, ds.shape.elements)
         if rest or factor <= 1 or (group_size is not None and factor != group_size):
             return False
-        if not any(hlo.depends_on(module, c.name, o, _PARTITION_ID) for o in ds.operands[1:]):
+        if not any(hlo_call_graph.depends_on(module, c.name, o, _PARTITION_ID) for o in ds.operands[1:]):
             return False
     return True
 
