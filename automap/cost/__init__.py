@@ -7,7 +7,9 @@ True
 from automap.cost.collectives import collective_time, group_size, wire_bytes
 from automap.cost.estimate import Collective, Estimate, estimate
 from automap.cost.memory import MemoryEstimate, estimate_memory
-from automap.cost.topology import DeviceSpec, Level, Link, Topology, default_topology, parse_bytes
+from automap.cost.byte_counts import parse_bytes
+from automap.cost.topology import DeviceSpec, Level, Link, Topology
+from automap.cost.topology_presets import default_topology
 
 __all__ = [
     "Collective", "DeviceSpec", "Estimate", "Level", "Link", "MemoryEstimate", "Topology",

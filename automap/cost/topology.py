@@ -5,33 +5,8 @@ node over NVLink, then nodes over InfiniBand) from which each mesh axis gets the
 slowest level it crosses, or explicit per-axis `links`, or both (explicit links win). Per-axis
 links are how heterogeneous clusters are expressed (AMP-style, PRIOR_ART.md).
 
-Presets (approximate public figures):
-
-============  =======  =======  ======  =======  ==============================================
-name          devices  FLOP/s   HBM     HBM B/s  levels, innermost first: size bandwidth latency
-============  =======  =======  ======  =======  ==============================================
-h100-8        8        989e12   80GiB   3.35e12  nvlink 8 450e9 3e-6
-h100-2x8      2 x 8    989e12   80GiB   3.35e12  nvlink 8 450e9 3e-6; infiniband 2 50e9 5e-6
-tpu-v5e-8     8        197e12   16GiB   819e9    ici 8 100e9 1e-6
-tpu-v5e-256   256      197e12   16GiB   819e9    ici 256 100e9 1e-6
-tpu-v5p-8     8        459e12   95GiB   2.76e12  ici 8 200e9 1e-6
-tpu-v5p-2x64  2 x 64   459e12   95GiB   2.76e12  ici 64 200e9 1e-6; dcn 2 25e9 1e-5
-cpu-sim       8        50e9     4GiB    10e9     host 8 5e9 1e-5
-============  =======  =======  ======  =======  ==============================================
-
-`default_topology(num_devices)` sizes the backend's family to any device count: CPU simulation is
-one host of ``num_devices`` (cpu-sim's device and link), GPUs are nodes of 8 H100 over NVLink
-joined by InfiniBand (``h100-8x8`` for 64), TPUs are one v5e ICI slice of up to 256 chips, slices
-joined by DCN beyond that.
-
-FLOP/s are dense bf16 peaks; bandwidths are bytes/s per device per direction; latencies seconds.
-Where the numbers come from: H100 SXM NVLink 4 is 900 GB/s bidirectional per GPU (450e9 one
-way); InfiniBand NDR is 400 Gb/s per GPU (50e9 B/s). TPU v5e ICI is 1,600 Gb/s per chip
-(200e9 B/s) over a 2D torus, so one mesh axis (one torus dimension, two ports) gets about half,
-100e9; v5p ICI is 4,800 Gb/s per chip (600e9 B/s) over a 3D torus, one dimension about 200e9;
-DCN between v5p slices about 25e9 B/s per chip. Preset names count JAX devices (chips); Google
-Cloud's ``v5p-N`` counts TensorCores, so our ``tpu-v5p-8`` is Cloud's v5p-16. ``cpu-sim`` models
-the simulated CPU devices of the test suite; its numbers only need to be self-consistent.
+The presets and the default machine of a device count are in :mod:`automap.cost.topology_presets`;
+byte counts such as ``"80GiB"`` are read by :mod:`automap.cost.byte_counts`.
 
 >>> t = Topology.preset("h100-2x8")
 >>> {a: l.bandwidth for a, l in t.links_for({"data": 2, "model": 8}).items()}
@@ -41,49 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from automap.cost.byte_counts import parse_bytes
 from automap.sub_axes import whole_axis
 
-__all__ = ["Link", "DeviceSpec", "Level", "Topology", "default_topology", "parse_bytes"]
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(value: int | float | str) -> int:
-    """A byte count from an int or a string with a unit (KB/MB/GB/TB are powers of 1000, KiB/...
-    of 1024; case-insensitive).
-
-    >>> parse_bytes("16GiB"), parse_bytes("80GB"), parse_bytes("1.5 KiB"), parse_bytes(4096)
-    (17179869184, 80000000000, 1536, 4096)
-    """
-    if isinstance(value, bool):
-        raise TypeError(f"byte count must be an int or a string like '16GiB', got {value!r}")
-    if isinstance(value, (int, np.integer)):
-        n = int(value)
-    elif isinstance(value, (float, np.floating)):
-        if not math.isfinite(value) or value != int(value):
-            raise ValueError(f"byte count {value!r} is not a whole number; pass an int or '16GiB'")
-        n = int(value)
-    elif isinstance(value, str):
-        m = _BYTES_RE.match(value)
-        unit = m.group(2).lower() if m else None
-        if m is None or unit not in _UNITS:
-            raise ValueError(f"cannot parse byte count {value!r}; write a number with an optional "
-                             f"unit, one of {sorted(set(_UNITS) - {''})} (e.g. '16GiB', '80GB')")
-        n = round(float(m.group(1)) * _UNITS[unit])
-    else:
-        raise TypeError(f"byte count must be an int or a string like '16GiB', got {value!r}")
-    if n < 0:
-        raise ValueError(f"byte count must be >= 0, got {value!r}")
-    return n
-
+__all__ = ["Link", "DeviceSpec", "Level", "Topology"]
 
 def _positive(owner: str, field: str, value: Any, allow_zero: bool = False) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -189,7 +130,9 @@ class Topology:
         >>> [Topology.preset(n).platform for n in ("cpu-sim", "h100-2x8", "tpu-v5p-8")]
         ['cpu', 'gpu', 'tpu']
         """
-        return _PLATFORMS.get(self.name.split("-")[0])
+        from automap.cost.topology_presets import PLATFORMS
+
+        return PLATFORMS.get(self.name.split("-")[0])
 
     @property
     def num_devices(self) -> int | None:
@@ -277,7 +220,9 @@ class Topology:
         >>> Topology.presets()[:2]
         ('h100-8', 'h100-2x8')
         """
-        return tuple(_PRESETS)
+        from automap.cost.topology_presets import PRESETS
+
+        return tuple(PRESETS)
 
     @staticmethod
     def preset(name: str) -> Topology:
@@ -286,10 +231,12 @@ class Topology:
         >>> Topology.preset("tpu-v5e-8").device.peak_flops
         197000000000000.0
         """
-        if name not in _PRESETS:
+        from automap.cost.topology_presets import PRESETS
+
+        if name not in PRESETS:
             raise ValueError(f"unknown topology preset {name!r}; choose one of "
-                             f"{', '.join(_PRESETS)} or build one with Topology.from_dict")
-        return _PRESETS[name]
+                             f"{', '.join(PRESETS)} or build one with Topology.from_dict")
+        return PRESETS[name]
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Topology:
@@ -361,64 +308,3 @@ def _link(where: str, d: Any) -> Link:
     if set(d) != {"bandwidth", "latency"}:
         raise ValueError(f"{where} needs both 'bandwidth' (bytes/s) and 'latency' (s), got {d!r}")
     return Link(float(d["bandwidth"]), float(d["latency"]))
-
-
-_PLATFORMS = {"cpu": "cpu", "h100": "gpu", "tpu": "tpu"}  # preset family -> JAX backend
-_H100 = DeviceSpec("H100-SXM", 989e12, "80GiB", 3.35e12)
-_V5E = DeviceSpec("TPU-v5e", 197e12, "16GiB", 819e9)
-_V5P = DeviceSpec("TPU-v5p", 459e12, "95GiB", 2.76e12)
-_NVLINK = Link(450e9, 3e-6)
-_IB = Link(50e9, 5e-6)
-_ICI_V5E = Link(100e9, 1e-6)
-_ICI_V5P = Link(200e9, 1e-6)
-_DCN = Link(25e9, 1e-5)
-
-_PRESETS: dict[str, Topology] = {t.name: t for t in (
-    Topology("h100-8", _H100, (Level(8, _NVLINK, "nvlink"),)),
-    Topology("h100-2x8", _H100, (Level(8, _NVLINK, "nvlink"), Level(2, _IB, "infiniband"))),
-    Topology("tpu-v5e-8", _V5E, (Level(8, _ICI_V5E, "ici"),)),
-    Topology("tpu-v5e-256", _V5E, (Level(256, _ICI_V5E, "ici"),)),
-    Topology("tpu-v5p-8", _V5P, (Level(8, _ICI_V5P, "ici"),)),
-    Topology("tpu-v5p-2x64", _V5P, (Level(64, _ICI_V5P, "ici"), Level(2, _DCN, "dcn"))),
-    Topology("cpu-sim", DeviceSpec("cpu", 50e9, "4GiB", 10e9),
-             (Level(8, Link(5e9, 1e-5), "host"),)),
-)}
-
-
-
-def default_topology(num_devices: int | None = None, backend: str | None = None) -> Topology:
-    """The default machine of ``num_devices`` devices (default: ``jax.device_count()``) for
-    ``backend`` (default: ``jax.default_backend()``; anything but gpu and tpu is cpu): the presets
-    up to 8 devices (cpu-sim, h100-8, tpu-v5e-8); for more, cpu: one host of ``num_devices`` with
-    cpu-sim's link; gpu: nodes of 8 H100 over NVLink joined by InfiniBand (a partial last node
-    counts whole); tpu: one v5e ICI slice of up to 256 chips, slices of 256 joined by DCN.
-
-    >>> default_topology(8, "cpu") == Topology.preset("cpu-sim")
-    True
-    >>> default_topology(16, "gpu") == Topology.preset("h100-2x8")
-    True
-    >>> t = default_topology(64, "gpu")
-    >>> t.name, {a: l.bandwidth for a, l in t.links_for({"node": 8, "gpu": 8}).items()}
-    ('h100-8x8', {'node': 50000000000.0, 'gpu': 450000000000.0})
-    >>> [default_topology(n, b).name for n, b in [(1024, "cpu"), (64, "tpu"), (512, "tpu")]]
-    ['cpu-sim-1024', 'tpu-v5e-64', 'tpu-v5e-2x256']
-    """
-    import jax
-
-    n = jax.device_count() if num_devices is None else num_devices
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"default_topology: num_devices must be an int >= 1, got {num_devices!r}")
-    n = int(n)
-    backend = jax.default_backend() if backend is None else backend
-    if n <= 8:
-        return _PRESETS[{"gpu": "h100-8", "tpu": "tpu-v5e-8"}.get(backend, "cpu-sim")]
-    if backend == "gpu":
-        nodes = -(-n // 8)
-        return Topology(f"h100-{nodes}x8", _H100, (Level(8, _NVLINK, "nvlink"), Level(nodes, _IB, "infiniband")))
-    if backend == "tpu":
-        if n <= 256:
-            return Topology(f"tpu-v5e-{n}", _V5E, (Level(n, _ICI_V5E, "ici"),))
-        slices = -(-n // 256)
-        return Topology(f"tpu-v5e-{slices}x256", _V5E, (Level(256, _ICI_V5E, "ici"), Level(slices, _DCN, "dcn")))
-    sim = _PRESETS["cpu-sim"]
-    return Topology(f"cpu-sim-{n}", sim.device, (dataclasses.replace(sim.levels[0], size=n),))
