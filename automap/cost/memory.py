@@ -13,8 +13,8 @@ of its body (one iteration) while it runs; its stacked outputs are ordinary valu
 a loop body on its own: its gathers first, its gradient reductions last (:func:`_reshard_spans`).
 On a CPU topology the buffers XLA:CPU's compiler adds are counted too (:mod:`automap.cost.xla_cpu`:
 a reduce-scatter's whole reduced copy, a gather's layout copy, a convolution's transposed operands;
-here: what its reductions do not fuse (:func:`_reduction_operands` of the library fusions,
-:func:`automap.cost.xla_cpu.library_fused`; the operand of a reduce-window,
+here: what its reductions do not fuse (:func:`automap.cost.unfused_operands.unfused_reduction_operands`
+of the library fusions, :func:`automap.cost.xla_cpu.library_fused`; the operand of a reduce-window,
 :func:`automap.cost.xla_cpu.windowed_reductions`), and the random bits' two threefry halves).
 """
 from __future__ import annotations
@@ -23,10 +23,11 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
 from automap.cost.schedule import breadth_first_starts, entry_order
+from automap.cost.unfused_operands import unfused_reduction_operands
 from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
                                   replaces_workspace, windowed_reductions)
 from automap.ir.program import Op, Program
@@ -66,54 +67,6 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
         if traits.reads_memory or op.regions:
             keep.update(op.inputs)
     return keep
-
-
-def _reduction_operands(
-    program: Program, ops: Sequence[Op], keep: set[int], library: Collection[int],
-) -> tuple[set[int], list[tuple[int, int, int]]]:
-    """What XLA:CPU's reductions at positions ``library`` (:func:`automap.cost.xla_cpu.library_fused`)
-    leave outside their fusion (a library fusion of the elementwise work that feeds them alone;
-    a smaller reduction's loop fusion computes all of it inline): walking up a reduction's fused operands, a value
-    another op reads too is computed into a buffer of its own (the first result, values), and an
-    operand broadcast to more elements (non-scalar: a ``broadcast_in_dim``, or an elementwise op's
-    unit dims) is a buffer of the broadcast size, made where its source is made (XLA schedules it
-    there) and kept until the last reduction that reads it (the second, as (first op, last op,
-    broadcast value))."""
-    values = program.values
-
-    def graph() -> tuple[Mapping[int, int], Mapping[int, tuple[int, Op]], Mapping[tuple[int, tuple], int]]:
-        readers: collections.Counter[int] = collections.Counter()
-        for op in ops:
-            readers.update(set(op.inputs))
-        made = {v: (i, op) for i, op in enumerate(ops) for v in op.outputs}
-        spreads: collections.Counter[tuple[int, tuple]] = collections.Counter()  # (source, shape) -> ops spreading it
-        for op in ops:
-            if op.outputs and not op.regions:
-                n = math.prod(values[op.outputs[0]].shape)
-                spreads.update({(u, values[op.outputs[0]].shape) for u in op.inputs
-                                if 1 < math.prod(values[u].shape) < n})
-        return readers, made, spreads
-
-    readers, made, spreads = program.memo_of(ops, ("reduction_graph",), graph)
-    cuts: set[int] = set()
-    spread: dict[tuple[int, tuple], list[int]] = {}  # (source, shape) -> [first, last, broadcast value]
-    for at in sorted(library):
-        op = ops[at]
-        stack = list(op.inputs)
-        while stack:
-            v = stack.pop()
-            if v not in made or v in keep or v in cuts:
-                continue
-            if readers.get(v, 0) > 1:
-                cuts.add(v)
-                continue
-            for u in made[v][1].inputs:
-                if spreads.get((u, values[v].shape), 0) > 1:  # one broadcast (XLA's CSE) that other fusions read
-                    got = spread.setdefault((u, values[v].shape), [made.get(u, (0,))[0], at, v])
-                    got[1] = max(got[1], at)
-                else:
-                    stack.append(u)
-    return cuts, [tuple(s) for s in spread.values()]
 
 
 def temp_peak(
@@ -280,10 +233,10 @@ def _liveness(
     """``conv_copies``: a convolution reads a transposed copy of each operand XLA:CPU transposes
     (:func:`automap.cost.xla_cpu.conv_layout_copies`), not the operand itself (the copy's span is
     :func:`automap.cost.xla_cpu.cpu_spans`'); ``cpu``: XLA:CPU's fusions, which leave some of a
-    reduction's operands outside (:func:`_reduction_operands` of the reductions at positions
-    ``library``; the operand of each reduction at positions ``windowed``, a buffer that a
-    reduce-window reads: :func:`automap.cost.xla_cpu.windowed_reductions`), and its threefry,
-    which holds random bits as two uint32 halves."""
+    reduction's operands outside (:func:`automap.cost.unfused_operands.unfused_reduction_operands`
+    of the reductions at positions ``library``; the operand of each reduction at positions
+    ``windowed``, a buffer that a reduce-window reads: :func:`automap.cost.xla_cpu.windowed_reductions`),
+    and its threefry, which holds random bits as two uint32 halves."""
     key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu, library, windowed)
     got = program.memo.get(key)
     if got is not None and got.ops is ops:
@@ -291,7 +244,7 @@ def _liveness(
     keep = set(program.memo_of(ops, ("materialized", tuple(outputs)), lambda: frozenset(materialized(ops, outputs))))
     unfused: tuple[tuple[int, int, int, int], ...] = ()
     if cpu:
-        cuts, spread = _reduction_operands(program, ops, keep, library)
+        cuts, spread = unfused_reduction_operands(program, ops, keep, library)
         keep |= cuts | {ops[i].inputs[0] for i in windowed}
         unfused = tuple((s, e, v, 1) for s, e, v in spread)
     out_set = set(outputs)

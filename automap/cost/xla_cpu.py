@@ -247,8 +247,8 @@ def library_fused(program: Program, ops: Sequence[Op], size: Callable[[int], int
     holds at least :data:`LIBRARY_ELEMENTS` elements on a device (``size``: bytes per device).
     A smaller one is a loop fusion, which computes every elementwise operand inline (an RMSNorm
     of f32[2,16,64] a device: XLA's reductions read nothing but the norm's input; of
-    f32[4,16,64]: library fusions, which leave out what :func:`automap.cost.memory._reduction_operands`
-    counts)."""
+    f32[4,16,64]: library fusions, which leave out what
+    :func:`automap.cost.unfused_operands.unfused_reduction_operands` counts)."""
     def candidates() -> tuple[tuple[int, tuple[int, ...]], ...]:
         return tuple((i, (*op.inputs, *op.outputs)) for i, op in enumerate(ops)
                      if traits_of(op.primitive).memory == "result" and not op.regions)
