@@ -58,6 +58,7 @@ import math
 from typing import Mapping, NamedTuple, Sequence
 
 from automap.factors import Axes, compose_dim, split_dim
+from automap.hlo_order import hlo_order
 from automap.ir.program import Op, Program
 from automap.rules.registry import Factor, FactorRule
 from automap.shardings import ShardingState
@@ -65,7 +66,7 @@ from automap.shardy_sizes import tensor_size
 from automap.sub_axes import coarsened, refined
 from automap.xla_loops import LOOPS, Link, share_owners, with_loop_links
 
-__all__ = ["hlo_order", "xla_layout"]
+__all__ = ["xla_layout"]
 
 ROUNDS = ("pass-through ops, operands of one use", "pass-through ops", "parallel factors",
           "all factors, broadcasts backward", "all factors")
@@ -163,44 +164,6 @@ def _facts_of(op: Op | Link, single: bool, program: Program) -> _Facts:
                   [tensor_size(taken, t, program.values) for t in range(len(taken.linked))])
 
 
-def hlo_order(program: Program) -> list[Op]:
-    """``program``'s ops in the order Shardy meets them: XLA hands it the HLO module's post-order,
-    a depth-first walk from the output tuple (each output in turn, an op's operands first to last,
-    an op after its operands), not the jaxpr's order; ops no output needs come first (from each in
-    program order), an op's nested ops right after it. A gradient's outputs are the parameters'
-    order: the backward ops of a parameter's gradient come before those of the ones after it.
-
-    >>> import jax, jax.numpy as jnp
-    >>> from automap.ir.lower import lower
-    >>> def f(x, y):
-    ...     c = jnp.cos(y)
-    ...     return jnp.sin(x), c
-    >>> prog = lower(jax.make_jaxpr(f)(1.0, 2.0), ["x", "y"], ["s", "c"])
-    >>> [op.primitive for op in prog.ops], [op.primitive for op in hlo_order(prog)]
-    (['cos', 'sin'], ['sin', 'cos'])
-    """
-    producer = {v: op for op in program.ops for v in op.outputs}
-    needed = {v for op in program.ops for v in op.inputs} | set(program.outputs)
-    roots = [op for op in program.ops if not any(v in needed for v in op.outputs)]
-    roots += [producer[v] for v in program.outputs if v in producer]
-    done: set[int] = set()
-    order: list[Op] = []
-    for root in roots:
-        stack = [(root, False)]
-        while stack:
-            op, expanded = stack.pop()
-            if op.id in done:
-                continue
-            if expanded:
-                done.add(op.id)
-                order.append(op)
-                continue
-            stack.append((op, True))
-            stack.extend((producer[v], False) for v in reversed(op.inputs) if v in producer and producer[v].id not in done)
-    nested = {op.id: [o for o, _ in _walk(op)] for op in order if op.regions}
-    return [o for op in order for o in [op, *nested.get(op.id, ())]]
-
-
 def _take(op, level: int, facts: _Facts, specs: dict, fixed: frozenset, sizes: Mapping[str, int]) -> list[int]:
     """:func:`_step`; at a loop's edge its owners (the body inputs, the result) hold one layout:
     the one that extends the others, before and after the step."""
@@ -238,13 +201,6 @@ def _split_as_shardy(op: Op) -> Link:
     rule = FactorRule(rule.factors + (Factor(math.gcd(*map(int, op.params["sizes"])), "permutation"),), dims(rule.operands),
                       dims(rule.results))
     return Link(op.id, "split", rule, op.linked_inputs, op.linked_outputs, frozenset(), False)
-
-
-def _walk(op: Op):
-    for region in op.regions:
-        for inner in region.ops:
-            yield inner, 1
-            yield from _walk(inner)
 
 
 def _pass_through(rule: FactorRule, dims_of: Sequence) -> bool:
