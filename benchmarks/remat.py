@@ -6,10 +6,15 @@ device among them; the default plan under that budget is compiled and measured, 
 against the unsharded step, and its estimate set beside the same plan without recomputation.
 
     python benchmarks/remat.py [--layers 4] [--ratio 0.8] [--scan]
+    python benchmarks/remat.py --workload benchmarks/heldout_package_layers.py:eqx_rope
+
+``--workload FILE.py:FN`` measures a model from elsewhere (``FN()`` returns a workload, as for
+``benchmarks/fidelity.py``) in place of the zoo GPT.
 """
 import argparse
 import dataclasses
 import os
+import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -19,6 +24,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import automap  # noqa: E402
+import search  # noqa: E402,F401  (before the benchmarks folder joins the path: --workload)
 import tactics  # noqa: E402
 from automap import zoo  # noqa: E402
 from automap.cost import estimate  # noqa: E402
@@ -62,8 +68,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--ratio", type=float, default=0.8)
     parser.add_argument("--scan", action="store_true", help="the layers in a scan (flax nn.scan)")
+    parser.add_argument("--workload", metavar="FILE.py:FN", help="this model in place of the zoo GPT")
     args = parser.parse_args()
-    w = workload(args.layers, args.scan)
+    if args.workload:
+        sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # after the imports of search, tactics
+        from fidelity import load_workload
+
+        w = load_workload(args.workload)[1]()
+    else:
+        w = workload(args.layers, args.scan)
     state, batch = w.init(0)
     mesh = automap.make_mesh({"data": 2, "model": 4})
     t0 = time.perf_counter()
