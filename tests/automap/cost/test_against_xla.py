@@ -10,6 +10,7 @@ import automap
 import tactics
 from automap.analysis import reshards
 from automap.cost.estimate import estimate
+from automap.cost.flops import dot_flops
 from automap.cost.memory import estimate_memory
 from automap.ir.lower import lower
 from automap.propagate import apply
@@ -1324,6 +1325,32 @@ def test_a_transposed_convs_kernel_gradient_counts_the_input_not_its_dilation_ho
     args = [jnp.ones(x_shape), jnp.ones(w_shape)]
     state, xla = _laid_out_as_xla_lays_it_out(step, args, [P("data"), P(), P()])
     assert estimate(state).dot_flops == xla.dot_flops
+
+
+@pytest.mark.parametrize("side, strides, forward_share", [
+    (1, (1, 1), (1, 9)),  # a 3x3 kernel over a 1x1 map: only its centre reads the input
+    (2, (1, 1), (4, 9)),
+    (2, (2, 2), (4, 9)),
+    (4, (2, 2), (1, 1)),  # the forward keeps its window; the input gradient (a 2x2 window, a 3x3 kernel) swaps
+])
+def test_a_conv_whose_kernel_window_is_larger_than_its_input_counts_the_inputs_elements(side, strides, forward_share):
+    """A 3x3 conv over a map smaller than its kernel (a haiku ResNet's last stages, 2x2 and 1x1):
+    XLA's conv operand swap makes the input the window, so the taps that read only padding are
+    not computed: 1/9 of the count over the kernel on a 1x1 map, 4/9 on a 2x2 one. The estimate
+    counted the whole kernel: the held-out hk_resnet step 1.32x XLA's dot FLOPs on every plan."""
+    conv = lambda x, w: jax.lax.conv_general_dilated(x, w, strides, "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def step(x, w, dy):  # the forward, the input gradient and the kernel gradient
+        y, vjp = jax.vjp(conv, x, w)
+        return y, *vjp(dy)
+
+    x, w = jnp.ones((8, side, side, 16)), jnp.ones((3, 3, 16, 32))
+    dy = jnp.ones(jax.eval_shape(conv, x, w).shape)
+    state, xla = _laid_out_as_xla_lays_it_out(step, [x, w, dy], [P("data"), P(), P("data"), P("data"), P("data"), P()])
+    assert estimate(state).dot_flops == xla.dot_flops
+    forward = next(op for op in state.program.ops if op.primitive == "conv_general_dilated" and op.inputs[1] == state.program.inputs[1])
+    share, whole = forward_share
+    assert dot_flops(state.program, forward, "cpu") * whole == dot_flops(state.program, forward) * share
 
 
 def _residual_scan(x, u, w1, w2):
