@@ -31,7 +31,11 @@ def idle_axis_detours(op: Op, state, fax: dict[int, Axes], templates: tuple) -> 
     results from 512 B up to 3,840 and 63,488 B: summed; at ``R == S`` and above XLA gathers, as
     it gathers the 9 KiB kernel of a 64 KiB result; the rule was ``2 R < S`` before, 4x XLA's dot
     FLOPs between). Other contractions (a ragged dot is a masked dense dot on CPU) are left as they
-    are: not measured.
+    are: not measured. Nor is a convolution whose factors are all kept whole (a grouped conv that
+    is not depthwise, :func:`automap.rules.dot._conv`): XLA does not partition it as a dot but
+    gathers its operands plainly (measured: a haiku ``DepthwiseConv2D``'s input gradient, channel
+    multiplier 2, stride 2, the output's gradient on 'data' with 'model' idle: one all-gather over
+    'data', where the detour priced 1.6x its bytes).
 
     What it makes of ``x @ w`` under FSDP on 'data' with 'model' idle (through
     :func:`automap.analysis.reshards`, which applies it): ``w``'s rows permuted so that 'model'
@@ -46,6 +50,8 @@ def idle_axis_detours(op: Op, state, fax: dict[int, Axes], templates: tuple) -> 
     [('collective-permute', ('data', 'model'), 1024), ('all-reduce', ('model',), 1024)]
     """
     if not templates or op.primitive not in ("dot_general", "conv_general_dilated"):  # measured on these alone
+        return templates, 1
+    if all(f.kind == "blocked" for f in op.rule.factors):  # run whole, not as a dot: its operands gathered
         return templates, 1
     sizes = state.axes
     used = {a for axes in fax.values() for a in axes}

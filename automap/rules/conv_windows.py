@@ -2,6 +2,7 @@
 input (:func:`tiled_spatial_dims`), for the conv rule (:mod:`automap.rules.dot`)."""
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from automap.rules.registry import RuleContext
@@ -38,3 +39,48 @@ def tiled_spatial_dims(ctx: RuleContext, dimension_numbers: Any, window_strides:
         if strided and unpadded and undilated and lhs.shape[lhs_spec[2 + i]] == size * window:
             tiled.append(i)
     return tiled
+
+
+def swapped_window_ratio(ctx: RuleContext, dimension_numbers: Any, window_strides: Sequence[int], padding: Any,
+                         lhs_dilation: Any, rhs_dilation: Any) -> tuple[int, int]:
+    """``(input window, kernel window)``: the spatial sizes XLA's conv operand swap compares, whose
+    ratio scales a convolution's FLOPs when it swaps (``(1, 1)`` when it does not). XLA (its
+    ``ConvOperandSwapper``, on by default) makes the input the window when the kernel's window,
+    over the spatial dims that are neither a whole contraction (window == input, no padding,
+    stride or dilation) nor a group dim (base dilation == window, stride == window - 1, no
+    padding), holds more elements than the input's: a 3x3 kernel over a 2x2 or 1x1 map (a ResNet's
+    last stages), a transposed conv's kernel gradient (the window: the output's gradient, larger
+    than the undilated input). The swapped conv reads the input's elements alone, so its FLOPs
+    are ``input / kernel`` of the count over the kernel window: the taps that read only padding
+    or the dilation's holes are gone. A size-1 input dim under full padding (``window - 1`` on
+    each side, stride 1, no window dilation) counts as the kernel's size in that comparison.
+    Grouped convs are not swapped (the caller leaves them out).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    >>> op = lower(jax.make_jaxpr(conv)(jnp.ones((8, 2, 2, 4)), jnp.ones((3, 3, 4, 6))), ["x", "w"], ["y"]).ops[0]
+    >>> swapped_window_ratio(RuleContext(op.primitive, (jnp.ones((8, 2, 2, 4)), jnp.ones((3, 3, 4, 6))),
+    ...                                  (jnp.ones((8, 2, 2, 6)),)), **{k: op.params[k] for k in (
+    ...     "dimension_numbers", "window_strides", "padding", "lhs_dilation", "rhs_dilation")})
+    (4, 9)
+    """
+    lhs_spec, rhs_spec, _ = dimension_numbers
+    lhs, rhs = ctx.operands
+    kernel_window = input_window = 1
+    for i in range(len(lhs_spec) - 2):
+        window, size = rhs.shape[rhs_spec[2 + i]], lhs.shape[lhs_spec[2 + i]]
+        stride = window_strides[i] if window_strides else 1
+        base = lhs_dilation[i] if lhs_dilation else 1
+        dilation = rhs_dilation[i] if rhs_dilation else 1
+        low, high = tuple(padding[i]) if padding and not isinstance(padding, str) else (0, 0)
+        plain = (low, high) == (0, 0) and dilation == 1
+        if plain and ((base == window and stride == window - 1) or (size == window and base == 1 and stride == 1)):
+            continue  # a group dim or a whole contraction: kept as it is
+        kernel_window *= window
+        full = size == 1 and stride == 1 and dilation == 1 and low == high == window - 1
+        input_window *= window if full else size
+    if kernel_window <= input_window:
+        return 1, 1
+    swapped = math.prod(lhs.shape[d] for d in lhs_spec[2:])
+    return swapped, math.prod(rhs.shape[d] for d in rhs_spec[2:])

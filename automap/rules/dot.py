@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from automap.rules.conv_windows import tiled_spatial_dims
+from automap.rules.conv_windows import swapped_window_ratio, tiled_spatial_dims
 from automap.rules.registry import Factor, FactorRule, RuleContext, einsum, letters, register, replicated
 from automap.rules.traits import CPU_BF16_IN_F32, ELEMENTWISE, contraction
 
@@ -200,7 +200,7 @@ def _scaled_matmul(ctx: RuleContext, **_: Any) -> FactorRule:
 
 
 # a contraction, but its windows make it no matmul for the tactics (and its FLOPs no dot FLOPs)
-def _cpu_conv_flops(ctx: RuleContext, *, batch_group_count: int = 1, lhs_dilation: Any = None,
+def _cpu_conv_flops(ctx: RuleContext, *, batch_group_count: int = 1, feature_group_count: int = 1,
                     dimension_numbers: Any = None, **params: Any) -> int:
     """A convolution's FLOPs as XLA:CPU compiles it (:func:`_conv_flops` otherwise):
 
@@ -209,32 +209,31 @@ def _cpu_conv_flops(ctx: RuleContext, *, batch_group_count: int = 1, lhs_dilatio
       grow with the square of the groups (measured: a 7x7 depthwise kernel gradient over 32
       channels, 401,408 FLOPs of arithmetic, 12,845,056 compiled; with the channels split 4
       ways, 802,816);
-    - a base-dilated convolution whose window covers its result (a transposed conv's kernel
-      gradient: the window is the output's gradient, the input dilated by the stride) runs with
-      the operands swapped, the dilation on the window, over the input's elements alone: the
-      FLOPs divided by the dilation (flax ``ConvTranspose`` strides 2, 3 and 2x2: 1/2, 1/3, 1/4
-      of the count with the holes; the forward conv, its window smaller than its result, keeps
-      them).
+    - an ungrouped convolution whose kernel window is larger than its input runs with the
+      operands swapped, over the input's elements alone
+      (:func:`automap.rules.conv_windows.swapped_window_ratio`): a transposed conv's kernel
+      gradient (the window: the output's gradient, the input dilated by the stride; flax
+      ``ConvTranspose`` strides 2, 3 and 2x2: 1/2, 1/3, 1/4 of the count with the holes; the
+      forward conv, its window smaller than its result, keeps them) and a 3x3 conv over a map
+      of 2x2 or 1x1 (a haiku ResNet's last stages: 4/9 and 1/9).
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.ir.lower import lower
     >>> from automap.cost.flops import dot_flops
-    >>> up = lambda x, w: jax.lax.conv_transpose(x, w, (2,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))
+    >>> up = lambda x, w: jax.lax.conv_transpose(x, w, (2,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
     >>> grad = jax.grad(lambda w, x: up(x, w).sum())
     >>> prog = lower(jax.make_jaxpr(grad)(jnp.ones((2, 8, 4)), jnp.ones((3, 4, 8))), ["w", "x"], ["dw"])
     >>> [(dot_flops(prog, op), dot_flops(prog, op, "cpu")) for op in prog.ops if op.primitive == "conv_general_dilated"]
     [(3072, 1536)]
 
-    (2 x 64 kernel entries x 3 examples x 8 output positions; on XLA:CPU x the 4 input positions.)
+    (2 x 96 kernel entries x 2 examples x 16 output positions; on XLA:CPU x the 8 input positions.)
     """
     flops = _conv_flops(ctx, dimension_numbers=dimension_numbers, **params) * batch_group_count
-    dilation = math.prod(lhs_dilation or ())
-    if dilation > 1 and dimension_numbers is not None:
-        rhs, out = ctx.operands[1].shape, ctx.results[0].shape
-        (_, rhs_spec, out_spec) = dimension_numbers
-        if all(rhs[r] >= out[o] for r, o in zip(rhs_spec[2:], out_spec[2:])):
-            flops //= dilation
-    return flops
+    if dimension_numbers is None or batch_group_count != 1 or feature_group_count != 1:
+        return flops
+    window = {k: params.get(k) for k in ("window_strides", "padding", "lhs_dilation", "rhs_dilation")}
+    swapped, kernel = swapped_window_ratio(ctx, dimension_numbers, **window)
+    return flops * swapped // kernel
 
 
 def _batch_groups_factor(rule: FactorRule, *, batch_group_count: int = 1, dimension_numbers: Any = None,

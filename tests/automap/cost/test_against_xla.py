@@ -10,6 +10,7 @@ import automap
 import tactics
 from automap.analysis import reshards
 from automap.cost.estimate import estimate
+from automap.cost.flops import dot_flops
 from automap.cost.memory import estimate_memory
 from automap.ir.lower import lower
 from automap.propagate import apply
@@ -1323,6 +1324,53 @@ def test_a_transposed_convs_kernel_gradient_counts_the_input_not_its_dilation_ho
 
     args = [jnp.ones(x_shape), jnp.ones(w_shape)]
     state, xla = _laid_out_as_xla_lays_it_out(step, args, [P("data"), P(), P()])
+    assert estimate(state).dot_flops == xla.dot_flops
+
+
+@pytest.mark.parametrize("side, strides, forward_share", [
+    (1, (1, 1), (1, 9)),  # a 3x3 kernel over a 1x1 map: only its centre reads the input
+    (2, (1, 1), (4, 9)),
+    (2, (2, 2), (4, 9)),
+    (4, (2, 2), (1, 1)),  # the forward keeps its window; the input gradient (a 2x2 window, a 3x3 kernel) swaps
+])
+def test_a_conv_whose_kernel_window_is_larger_than_its_input_counts_the_inputs_elements(side, strides, forward_share):
+    """A 3x3 conv over a map smaller than its kernel (a haiku ResNet's last stages, 2x2 and 1x1):
+    XLA's conv operand swap makes the input the window, so the taps that read only padding are
+    not computed: 1/9 of the count over the kernel on a 1x1 map, 4/9 on a 2x2 one. The estimate
+    counted the whole kernel: the held-out hk_resnet step 1.32x XLA's dot FLOPs on every plan."""
+    conv = lambda x, w: jax.lax.conv_general_dilated(x, w, strides, "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def step(x, w, dy):  # the forward, the input gradient and the kernel gradient
+        y, vjp = jax.vjp(conv, x, w)
+        return y, *vjp(dy)
+
+    x, w = jnp.ones((8, side, side, 16)), jnp.ones((3, 3, 16, 32))
+    dy = jnp.ones(jax.eval_shape(conv, x, w).shape)
+    state, xla = _laid_out_as_xla_lays_it_out(step, [x, w, dy], [P("data"), P(), P("data"), P("data"), P("data"), P()])
+    assert estimate(state).dot_flops == xla.dot_flops
+    forward = next(op for op in state.program.ops if op.primitive == "conv_general_dilated" and op.inputs[1] == state.program.inputs[1])
+    share, whole = forward_share
+    assert dot_flops(state.program, forward, "cpu") * whole == dot_flops(state.program, forward) * share
+
+
+def test_a_grouped_conv_xla_does_not_partition_gathers_its_operand_without_a_detour():
+    """A strided depthwise conv with channel multiplier 2 (haiku's ``DepthwiseConv2D(2, 3,
+    stride=2)``): its input gradient is a grouped conv of two input features per group, which XLA
+    does not partition: it all-gathers the output's gradient over 'data' and runs it whole. The
+    estimate priced the gather as a dot's detour over the idle 'model' axis (a permute, then a
+    gather over 'model': 1.6x XLA's bytes; the held-out hk_conv_misc data-parallel plans 1.25x)."""
+    conv = lambda x, k: jax.lax.conv_general_dilated(x, k, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                                     feature_group_count=16)
+
+    def step(x, k, dy):
+        return jax.vjp(conv, x, k)[1](dy)
+
+    args = [jnp.ones((8, 8, 8, 16)), jnp.ones((3, 3, 1, 32)), jnp.ones((8, 4, 4, 32))]
+    state, xla = _laid_out_as_xla_lays_it_out(step, args, [P("data"), P(), P("data"), P("data"), P()])
+    assert sorted((r.kind, r.axes) for r in reshards(state)) == [("all-gather", ("data",)), ("all-reduce", ("data", "model"))]
+    assert sorted((op.kind, op_axes(op, MESH_2X4)) for op in xla.ops) == [("all-gather", ("data",)),
+                                                                           ("all-reduce", ("data", "model"))]
+    assert estimate(state).wire_bytes == xla.wire_bytes
     assert estimate(state).dot_flops == xla.dot_flops
 
 
