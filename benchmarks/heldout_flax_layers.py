@@ -10,7 +10,8 @@ tokens (8, 16), vocab 64, width 32, 8 classes.
         --workload benchmarks/heldout_flax_layers.py:attention_sdpa \
         --workload benchmarks/heldout_flax_layers.py:conv_up --episodes 16
 
-Measured on jax 0.10.2, mesh 2x4 (32 plans): bytes sent outside 10% in 1, memory outside 25% in 0
+Measured on jax 0.10.2, mesh 2x4 (32 plans): bytes sent outside 10% in 0 (lstm fsdp, below, was
+the 1), memory outside 25% in 0
 (conv1d manual_fsdp 0.64 and conv_up manual_fsdp 0.68 before the estimate followed XLA:CPU's
 breadth-first schedule, which gathers the input gradients' reversed kernels at the start of the
 step, next to the forward's: :func:`automap.cost.schedule.breadth_first_starts`, now 0.88 and
@@ -32,7 +33,10 @@ carry was laid out as Shardy lays it out (:mod:`automap.xla_loops`), lstm fsdp w
 (:mod:`automap.shardy_sizes`), conv1d fsdp_tp 0.63 and manual_fsdp 0.52 bytes; before a transposed
 conv's kernel gradient was counted as XLA:CPU runs it, conv_up 1.12 FLOPs on every plan.
 
-On mesh 4x2 conv1d fsdp_tp is outside, bytes 0.84 (67.7 KiB against 81.0), though its layout is
+On mesh 4x2 lstm fsdp is outside, bytes 1.14 (1.09 before :mod:`automap.split_moves`): its
+splits are now priced as XLA sends them (#273 64 KiB on both sides), which no longer hides the
+gradient's all-reduce over 'data' (#270, 4 devices: 200 KiB) that XLA's measure reads as a
+reduce-scatter, the split keeping each device's rows (the same as on 2x4, larger). conv1d fsdp_tp is outside, bytes 0.84 (67.7 KiB against 81.0), though its layout is
 Shardy's, op for op: conv1's input gradient (#174) contracts the 64 channels on ``data`` into a
 result wanted on ``data`` along its 32 channels. XLA's partitioner emits it as the estimate prices
 it, an all-reduce then a ``dynamic-slice`` of a quarter (a reduce-scatter to ``automap.measure``);
