@@ -27,6 +27,7 @@ from automap.loop_invariants import loop_invariants
 from automap.reshard_bytes import moved_bytes
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
+from automap.split_moves import pieces_moved
 from automap.tile_order import disjoint_retile, tile_permute
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"]
@@ -109,6 +110,8 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
                     other = _templates(op, state, alt)
                     if moved_bytes(other) < moved_bytes(templates):
                         fax, templates = alt, other
+        if (split := pieces_moved(op, state, _templates)) is not None:
+            templates = split
         detour = 1
         indexed = indices_first(op, state, fax, templates, _templates)
         if indexed is not None:

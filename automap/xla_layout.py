@@ -181,7 +181,8 @@ def _split_as_shardy(op: Op) -> Link:
     shares every dim with its operand, the sliced one too (``([i, j])->([i, j]) permutation={j}``):
     a split dim passes its axes on, and the partitioner moves the pieces by collective-permutes.
     automap's rule keeps the dim whole (for the layouts it pins, :func:`automap.rules.shape._split`);
-    the estimate prices the layout with it. Held-out flax LSTM (its gates split from one (8, 128)
+    the estimate prices the layout with it, and the pieces' permutes as :mod:`automap.split_moves`
+    does. Held-out flax LSTM (its gates split from one (8, 128)
     dot inside the scan), FSDP specs, inputs-only, mesh 2x4: XLA splits the gates' features on
     'model' as the weights' are; kept whole, the model replicated them (1.40x XLA's memory, 1.22x
     its dot FLOPs under ``fsdp_tp``).

@@ -10,26 +10,33 @@ tokens (8, 16), vocab 64, width 32, 8 classes.
         --workload benchmarks/heldout_flax_layers.py:attention_sdpa \
         --workload benchmarks/heldout_flax_layers.py:conv_up --episodes 16
 
-Measured on jax 0.10.2, mesh 2x4 (32 plans): bytes sent outside 10% in 1, memory outside 25% in 0
+Measured on jax 0.10.2, mesh 2x4 (32 plans): bytes sent outside 10% in 0 (lstm fsdp, below, was
+the 1), memory outside 25% in 0
 (conv1d manual_fsdp 0.64 and conv_up manual_fsdp 0.68 before the estimate followed XLA:CPU's
 breadth-first schedule, which gathers the input gradients' reversed kernels at the start of the
 step, next to the forward's: :func:`automap.cost.schedule.breadth_first_starts`, now 0.88 and
 0.93; conv_up fsdp_tp 1.21 -> 1.17 and conv1d fsdp_tp 1.16 -> 1.14 once the shard each early
 gather moved is freed when gathered, :func:`automap.cost.memory._reshard_spans`), dot FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12. lstm fsdp
-sends 0.86x XLA's bytes (0.91x before a split's sliced dim was a permutation factor in
-``automap.xla_layout``): of its layout only the input kernel's weight gradient in the backward
-scan and its transpose changed, to XLA's ((), 'model'), where they had the hidden kernel's
-('model', 'data'). Priced in it, the estimate all-reduces that gradient over 'data' (64 KiB over
-the 16 steps) and moves the split pieces by all-to-alls, where XLA reduce-scatters it (its
-all-reduce and the pieces' local slice on 'data' in one) and moves the pieces, as every split of
-the step, by collective-permutes (246 KiB in all, not priced: the all-gathers the estimate put at
-that split before stood in for part of them). Before the loop's
+sends 1.01x XLA's bytes (0.86x before the estimate priced a split's pieces as XLA moves them,
+:mod:`automap.split_moves`; 0.91x before a split's sliced dim was a permutation factor in
+``automap.xla_layout``, which laid the input kernel's weight gradient in the backward scan out
+as XLA does, ((), 'model'), where it had the hidden kernel's ('model', 'data')). Its split (#273)
+wants the pieces on ('data', 'model'), the transposed gradient on ('model', -): XLA reshards it to
+the pieces' layout and moves each piece's share by twelve collective-permutes (136 KiB over the
+16 steps), which the estimate priced as one all-to-all per piece (12 KiB); now 108 KiB (the
+reshard from ('model', -) to ('data', 'model'), an all-to-all over half of 'model' and a permute
+to XLA, one all-to-all to the estimate: 28 KiB short). That nearly cancels what is left over:
+the gradient's all-reduce over 'data' (#270, 64 KiB), which XLA's measure reads as a
+reduce-scatter (32 KiB), each device keeping only its rows of the pieces. Before the loop's
 carry was laid out as Shardy lays it out (:mod:`automap.xla_loops`), lstm fsdp was 2.70 bytes and
 0.67 FLOPs, fsdp_tp 1.51 bytes; before convolutions were sized as Shardy sizes them
 (:mod:`automap.shardy_sizes`), conv1d fsdp_tp 0.63 and manual_fsdp 0.52 bytes; before a transposed
 conv's kernel gradient was counted as XLA:CPU runs it, conv_up 1.12 FLOPs on every plan.
 
-On mesh 4x2 conv1d fsdp_tp is outside, bytes 0.84 (67.7 KiB against 81.0), though its layout is
+On mesh 4x2 lstm fsdp is outside, bytes 1.14 (1.09 before :mod:`automap.split_moves`): its
+splits are now priced as XLA sends them (#273 64 KiB on both sides), which no longer hides the
+gradient's all-reduce over 'data' (#270, 4 devices: 200 KiB) that XLA's measure reads as a
+reduce-scatter, the split keeping each device's rows (the same as on 2x4, larger). conv1d fsdp_tp is outside, bytes 0.84 (67.7 KiB against 81.0), though its layout is
 Shardy's, op for op: conv1's input gradient (#174) contracts the 64 channels on ``data`` into a
 result wanted on ``data`` along its 32 channels. XLA's partitioner emits it as the estimate prices
 it, an all-reduce then a ``dynamic-slice`` of a quarter (a reduce-scatter to ``automap.measure``);

@@ -168,7 +168,7 @@ def _permuted_along(ctx: RuleContext, dimension: int) -> FactorRule:
     sizes have no common divisor. (A split's dim stays whole: XLA moves its pieces by
     collective-permutes, but kept sharded it let the estimate put an LSTM's gates, split inside
     its scan, on devices where XLA keeps them whole: the held-out linen LSTM's FSDP memory fell
-    to 0.58x XLA's.)"""
+    to 0.58x XLA's. The estimate prices the permutes: :mod:`automap.split_moves`.)"""
     sizes = [s.shape[dimension] for s in ctx.operands + ctx.results]
     if math.gcd(*sizes) < 2:
         return _along(ctx, {dimension})

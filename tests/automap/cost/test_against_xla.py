@@ -1532,3 +1532,23 @@ def test_a_splits_pieces_take_a_layout_their_users_give_before_the_split_dims():
         (r.kind, tuple(sorted(r.axes)), r.bytes) for r in reshards(state)) == [
         ("all-reduce", D_M, 4), ("all-to-all", D_M, 384)]
     assert estimate(state).wire_bytes == xla.wire_bytes
+
+
+@pytest.mark.parametrize("operand, piece, before", [
+    (P(), P("data", "model"), 0),  # each piece a local slice to the estimate
+    (P("data"), P(None, "model"), 2048),  # the pieces gathered over data, sliced on model
+    (P(None, "data"), P(None, "model"), 8192),  # the operand gathered over data
+])
+def test_a_split_whose_pieces_are_split_along_the_split_dim_moves_them_by_permutes(operand, piece, before):
+    """A (32, 128) array split into four (32, 32) pieces wanted split on their columns over
+    'model', the operand in another layout (the held-out flax LSTM's input-kernel gradient in its
+    backward scan under ``fsdp``): XLA reshards the operand to the pieces' layout (keeping a dim
+    the operand splits further), then moves each piece's share by twelve collective-permutes, as
+    many bytes as an all-gather of the operand's block over 'model'; then reshards each piece.
+    automap's split rule keeps the split dim whole: the estimate sliced the pieces locally and
+    priced no permute (``before`` bytes sent; the LSTM's ``fsdp`` plan 0.86x XLA's bytes)."""
+    fn, g = (lambda g: tuple(jnp.split(g, 4, axis=1))), jnp.ones((32, 128))
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [g], [operand] + [piece] * 4)
+    permutes = [op for op in xla.ops if op.kind == "collective-permute" and op_axes(op, MESH_2X4) == ("model",)]
+    assert len(permutes) == 12
+    assert estimate(state).wire_bytes == xla.wire_bytes > before
