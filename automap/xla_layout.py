@@ -64,7 +64,7 @@ from automap.rules.registry import Factor, FactorRule
 from automap.shardings import ShardingState
 from automap.shardy_sizes import tensor_size
 from automap.sub_axes import coarsened, refined
-from automap.xla_loops import LOOPS, Link, share_owners, with_loop_links
+from automap.xla_loops import LINKED, Link, share_owners, with_loop_links
 
 __all__ = ["xla_layout"]
 
@@ -132,7 +132,7 @@ def _static(program: Program) -> tuple[list, list[list], dict[int, _Facts]]:
     def compute():
         order = with_loop_links(program, hlo_order(program))
         position = {op.id: i for i, op in enumerate(order)}
-        users_of = [[o for o in ops if o.primitive not in LOOPS] for ops in program.users_of]
+        users_of = [[o for o in ops if o.primitive not in LINKED] for ops in program.users_of]
         for link in order:
             if isinstance(link, Link):
                 for vid in link.owners:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from automap.ir.program import Op, Program
 from automap.rules import RuleContext, Shaped, Traits, traits_of
+from automap.rules.dot import strength_reduced
 from automap.rules.traits import no_flops
 
 
@@ -30,7 +31,8 @@ def _flops(program: Program, op: Op, traits: Traits, platform: str | None) -> in
 def dot_flops(program: Program, op: Op, platform: str | None = None) -> int:
     """The FLOPs of a contraction (``2 * |result| * |contraction|`` for dot_general; convolutions
     too, as :func:`automap.measure` counts XLA's dot and convolution instructions) as ``platform``
-    compiles it (None: its own arithmetic); 0 for anything else.
+    compiles it (None: its own arithmetic); 0 for anything else, and on XLA:CPU for a dot whose
+    operands have no free dims (:func:`automap.rules.dot.strength_reduced`: no dot instruction).
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.ir.lower import lower
@@ -40,7 +42,11 @@ def dot_flops(program: Program, op: Op, platform: str | None = None) -> int:
     [512, 512, 2048, 2048]
     """
     traits = traits_of(op.primitive)
-    return _flops(program, op, traits, platform) if traits.contraction is not None else 0
+    if traits.contraction is None:
+        return 0
+    if platform == "cpu" and op.primitive == "dot_general" and strength_reduced(context(program, op), **op.params):
+        return 0  # a multiply and a reduction on XLA:CPU (its arithmetic stays in op_flops)
+    return _flops(program, op, traits, platform)
 
 
 def op_flops(program: Program, op: Op, platform: str | None = None) -> int:

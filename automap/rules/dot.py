@@ -64,6 +64,23 @@ def _dot_terms(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any, rhs_skip: t
     return lterm, rterm, batch + lfree + rfree
 
 
+def strength_reduced(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> bool:
+    """Whether neither operand of a ``dot_general`` has a free dim of more than one element (a
+    ``vdot``, ``einsum("ij,ij->i")``): XLA:CPU's algebraic simplifier rewrites such a dot into a
+    multiply and a reduction, no dot instruction (:func:`automap.cost.flops.dot_flops`).
+
+    >>> from automap.rules.registry import Shaped
+    >>> ctx = RuleContext("dot_general", (Shaped((64,), "f32"), Shaped((64,), "f32")), (Shaped((), "f32"),))
+    >>> strength_reduced(ctx, dimension_numbers=(((0,), (0,)), ((), ())))
+    True
+    """
+    (lc, rc), (lb, rb) = dimension_numbers
+    lhs, rhs = ctx.operands[:2]
+    free = [n for i, n in enumerate(lhs.shape) if i not in lc and i not in lb]
+    free += [n for j, n in enumerate(rhs.shape) if j not in rc and j not in rb]
+    return all(n == 1 for n in free)
+
+
 @register("dot_general", traits=contraction(_dot_contracted, platform_upcast=CPU_BF16_IN_F32))
 def _dot_general(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
     lhs, rhs = ctx.operands

@@ -74,6 +74,7 @@ def make_workload(
     abstract_batch: Callable[[], PyTree],
     make_batch: Callable[[int], PyTree],
     learning_rate: float,
+    optimizer: optax.GradientTransformation | None = None,
 ) -> Workload:
     """Assemble a `Workload`; concrete values are drawn on the host with NumPy (nothing compiles).
 
@@ -83,6 +84,10 @@ def make_workload(
     ``(seed, path)`` (so a leaf's value depends only on the seed, its path and its shape), the
     optimizer state with zeros (the zoo optimizer's initial state: Adam count, mu and nu), and the
     batch by ``make_batch(seed)``. On CPU this avoids compiling a one-off init program per model.
+
+    ``optimizer`` replaces the zoo optimizer (``make_optimizer(learning_rate)``, then unused); its
+    state is ``optimizer.init`` of the filled parameters, since another optimizer's initial state
+    need not be zeros (Prodigy's step size, Muon's Newton-Schulz coefficients, Adafactor's factors).
 
     >>> import numpy as np, jax.numpy as jnp
     >>> w = make_workload("toy", None, loss_fn=lambda p, b: jnp.sum(p["w"] * b["x"]),
@@ -94,7 +99,8 @@ def make_workload(
     >>> state["params"]["w"].dtype, w.abstract()[0]["params"]["w"].shape
     (dtype('float32'), (3,))
     """
-    optimizer = make_optimizer(learning_rate)
+    own_optimizer = optimizer is not None
+    optimizer = optimizer if own_optimizer else make_optimizer(learning_rate)
 
     def abstract():
         params = abstract_params()
@@ -106,7 +112,10 @@ def make_workload(
     def init(seed: int = 0):
         state, batch_spec = abstract()
         params = host_fill(state["params"], seed, fill_param)
-        opt_state = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), state["opt_state"])
+        if own_optimizer:
+            opt_state = jax.tree.map(np.asarray, optimizer.init(params))
+        else:
+            opt_state = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), state["opt_state"])
         batch = jax.tree.map(lambda b, s: np.asarray(b, s.dtype), make_batch(seed), batch_spec)
         return jax.device_put(({"params": params, "opt_state": opt_state}, batch))
 

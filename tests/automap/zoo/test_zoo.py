@@ -274,3 +274,34 @@ def test_expert_specs_compile_and_match_numerics(expert):
     step = jit(w.train_step, in_shardings=(shard(state_specs), shard(batch_specs)))
     _, loss = step(state, batch)
     np.testing.assert_allclose(loss, jit(w.loss_fn)(state["params"], batch), rtol=1e-5)
+
+
+def test_a_workloads_own_optimizer_starts_from_its_init_of_the_filled_params():
+    """``make_workload(optimizer=...)``: the train step uses it, and its state is ``optimizer.init``
+    of the filled parameters, not zeros (Prodigy's step size starts at its ``d_coef``-scaled
+    estimate, its ``params0`` are the parameters); the zoo's default keeps Adam's zeros."""
+    import optax
+
+    from automap.zoo.train import make_workload
+
+    def build(optimizer=None):
+        return make_workload(
+            "toy", None, loss_fn=lambda p, b: jnp.sum((p["w"] * b["x"]) ** 2),
+            abstract_params=lambda: {"w": jax.ShapeDtypeStruct((3,), jnp.float32)},
+            fill_param=lambda names, leaf, rng: rng.normal(size=leaf.shape),
+            abstract_batch=lambda: {"x": jax.ShapeDtypeStruct((3,), jnp.float32)},
+            make_batch=lambda seed: {"x": np.ones(3, np.float32)}, learning_rate=0.1, optimizer=optimizer)
+
+    prodigy = optax.contrib.prodigy(1.0)
+    state, batch = build(prodigy).init(0)
+    want = prodigy.init(state["params"])
+    assert jax.tree.structure(state["opt_state"]) == jax.tree.structure(want)
+    for got, ref in zip(jax.tree.leaves(state["opt_state"]), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(got, ref)
+    assert np.array_equal(state["opt_state"].params0["w"], state["params"]["w"])  # not zeros
+    new, _ = jax.jit(build(prodigy).train_step)(state, batch)
+    ref_updates, _ = prodigy.update(jax.grad(lambda p: jnp.sum((p["w"] * batch["x"]) ** 2))(state["params"]),
+                                    want, state["params"])
+    np.testing.assert_allclose(new["params"]["w"], state["params"]["w"] + ref_updates["w"], rtol=1e-5)
+    default_state, _ = build().init(0)
+    assert all(not np.any(np.asarray(leaf)) for leaf in jax.tree.leaves(default_state["opt_state"]))
