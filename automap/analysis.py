@@ -24,6 +24,7 @@ from automap.gather_reuse import gathered_apart, grouped_on_the_sum
 from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.loop_invariants import loop_invariants
+from automap.merged_slices import sliced_further
 from automap.reshard_bytes import moved_bytes
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
@@ -341,6 +342,7 @@ def reshards(state: ShardingState) -> list[Reshard]:
     out: list[Reshard] = []
     gathered: set[tuple] = set()
     invariant, trips = loop_invariants(program)
+    index = _walk_index(program)
     for i in [i for i, got in enumerate(analyses) if got[1]]:
         op, mult = walked[i]
         region = values[op.outputs[0]].region if op.outputs else 0
@@ -353,6 +355,8 @@ def reshards(state: ShardingState) -> list[Reshard]:
             if where == "operand" and vid in invariant:  # resharded once, at the loop's entry
                 count = max(mult // trips[values[vid].region], 1)
             reused = False
+            if kind == "reduce-scatter" and where == "result" and sliced_further(state, analyses, index, vid):
+                kind = "all-reduce"  # XLA:CPU merges the two slices (automap.merged_slices)
             if kind in ("all-gather", "collective-permute") and where == "operand" and pos != unshared:
                 if grouped is None:
                     grouped = grouped_on_the_sum(op, state, analyses[i][1]) if op.primitive == "dot_general" else ()

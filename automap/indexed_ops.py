@@ -84,6 +84,8 @@ def indices_first(op: Op, state, fax: dict[int, Axes], planned: Templates,
             if f in index_factors and (f in want or vid == op.linked_inputs[1]) and (
                     len(got) > len(have) and got[: len(have)] == have):
                 want[f] = got
+    if not want and scatter:
+        want = _rows_on_the_indices(op, state, fax, passed, through)
     taken = {a for axes in want.values() for a in axes}
     if not want or all(fax.get(f, ()) == axes for f, axes in want.items()):
         return None
@@ -103,6 +105,28 @@ def indices_first(op: Op, state, fax: dict[int, Axes], planned: Templates,
     if xla_cost(op, state, alone, templates(op, state, alone)) < xla_cost(op, state, fax, planned):
         return alt, out
     return None
+
+
+def _rows_on_the_indices(op: Op, state, fax: dict[int, Axes], passed: set[int], through: set[str]) -> dict[int, Axes]:
+    """{index factor: axes}: a scatter-add whose indices are split only over axes the table and
+    the updates hold on a dim passed through (an FSDP embedding's features), and whose table holds
+    its rows over axes nothing else in the op holds: XLA runs it along the indices on the rows'
+    axes (the indices moved there, the updates sliced, each device adding into the whole rows,
+    the partial table reduce-scattered into place; measured on 8 CPU devices, a (64, 32) table
+    on (model, data), 128 indices on data: 2 KiB reduce-scattered over model). The rows' axes go
+    to the first index factor they divide; {} where that does not apply."""
+    rule, sizes = op.rule, state.axes
+    indices = _factor_axes(op, state, op.linked_inputs[1], rule.operands[1])
+    if not indices or not all(set(axes) <= through for axes in indices.values()):
+        return {}
+    held = {a for v in op.linked_inputs[1:] for axes in state.spec(v) for a in axes}
+    rows = tuple(a for f, axes in fax.items() if f not in passed and rule.factors[f].kind == "parallel"
+                 for a in axes if a not in held)
+    n = math.prod(sizes[a] for a in rows)
+    for f in dict.fromkeys(f for fs in rule.operands[1] for f in fs):
+        if rows and rule.factors[f].size % n == 0:
+            return {f: rows}
+    return {}
 
 
 def _moved_to_idle(op: Op, state, fax: dict[int, Axes], alt: dict[int, Axes], loser: int, idle: Axes,

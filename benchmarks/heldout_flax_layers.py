@@ -36,18 +36,22 @@ conv's kernel gradient was counted as XLA:CPU runs it, conv_up 1.12 FLOPs on eve
 On mesh 4x2 lstm fsdp is outside, bytes 1.14 (1.09 before :mod:`automap.split_moves`): its
 splits are now priced as XLA sends them (#273 64 KiB on both sides), which no longer hides the
 gradient's all-reduce over 'data' (#270, 4 devices: 200 KiB) that XLA's measure reads as a
-reduce-scatter, the split keeping each device's rows (the same as on 2x4, larger). conv1d fsdp_tp is outside, bytes 0.84 (67.7 KiB against 81.0), though its layout is
-Shardy's, op for op: conv1's input gradient (#174) contracts the 64 channels on ``data`` into a
-result wanted on ``data`` along its 32 channels. XLA's partitioner emits it as the estimate prices
-it, an all-reduce then a ``dynamic-slice`` of a quarter (a reduce-scatter to ``automap.measure``);
-but its only user, the embedding's scatter-add, takes the updates split on the tokens over
-``model`` too (XLA partitions the scatter so: the table's rows on ``model``, its result all-reduced
-over ``model``), and XLA:CPU's simplifier merges the two slices into one that keeps an eighth,
-which no longer reads as a reduce-scatter: 24.0 KiB of all-reduce where the estimate has 12.0 KiB
-of reduce-scatter. Counting such an all-reduce as a reduce-scatter in the measure (a slice keeping
-1/(k x group)) gives 0.98 but moves four layout_matrix rows out (their estimate already all-reduces
-where the result is kept split further than it is summed); pricing it in the estimate needs the
-scatter-add's own XLA partitioning (updates sliced over the table's row axis), left as it is.
+reduce-scatter, the split keeping each device's rows (the same as on 2x4, larger).
+
+On mesh 4x2 (``--mesh 4x2``) conv1d fsdp_tp was outside, bytes 0.84 (67.7 KiB against 81.0), now
+1.00 (80.7 KiB). Its layout is Shardy's, op for op, but the embedding's scatter-add (#176: the
+table on (model, data), the indices on data, the updates' features on data) runs as XLA's
+partitioner runs it: the indices cannot stay on data (the features hold it), so they move onto the
+rows' axis, model, the updates are sliced there, each device adds into the whole rows and the
+table is reduce-scattered over model (1.0 KiB; :func:`automap.indexed_ops._rows_on_the_indices`).
+That slice falls on conv1's input gradient (#174, the 64 channels contracted on data into a result
+kept on data along its 32 channels), and XLA:CPU's simplifier merges it with the reduce-scatter's
+own slice into one that keeps an eighth: the sum stays an all-reduce, 24.0 KiB where the estimate
+had a 12.0 KiB reduce-scatter (:mod:`automap.merged_slices`). conv_up fsdp is outside, bytes 0.83:
+its scatter-add (the table on (data, model), the indices on (data, model), the updates' features
+on model) keeps model on the features in the estimate (XLA does so on mesh 2x4), where on 4x2 XLA
+moves the updates' model split onto the tokens (an all-to-all) and reduce-scatters the whole 8 KiB
+table over both axes; left as it is.
 """
 import flax.linen as nn
 import jax
