@@ -8,6 +8,9 @@ against the unsharded step, and its estimate set beside the same plan without re
     python benchmarks/remat.py [--layers 4] [--ratio 0.8] [--scan]
     python benchmarks/remat.py --workload benchmarks/heldout_package_layers.py:eqx_rope
 
+Each XLA measure is printed with its terms (argument + output - alias + temp): the arguments
+and outputs are the sharded state in and out, which no recomputation shrinks.
+
 ``--workload FILE.py:FN`` measures a model from elsewhere (``FN()`` returns a workload, as for
 ``benchmarks/fidelity.py``) in place of the zoo GPT.
 """
@@ -45,12 +48,19 @@ def workload(layers: int, scan: bool = False) -> zoo.Workload:
 
 
 def measured(step, state, batch):
-    """(XLA's memory per device, the loss) of ``step`` on the mesh."""
+    """(XLA's memory per device as :class:`automap.measure.MemoryStat`, the loss) of ``step`` on the mesh."""
     compiled = step.lower(state, batch).compile()
-    return automap.measure(compiled).memory_per_device, float(step(state, batch)[1])
+    return automap.measure(compiled).memory, float(step(state, batch)[1])
 
 
-def expert_memory(w, mesh, state, batch) -> dict[str, int]:
+def terms(m) -> str:
+    """XLA's total per device and its terms: the arguments and outputs (the sharded state, in and
+    out: no plan can shrink them below the state over all devices) and the temporaries."""
+    return (f"{m.per_device:>9,} B = argument {m.argument:,} + output {m.output:,}"
+            + (f" - alias {m.alias:,}" if m.alias else "") + f" + temp {m.temp:,}")
+
+
+def expert_memory(w, mesh, state, batch) -> dict:
     return {name: measured(automap.partition(w.train_step, mesh=mesh, tactics=[t], search=None), state, batch)[0]
             for name, t in EXPERT_PLANS.items()}
 
@@ -81,22 +91,24 @@ def main() -> None:
     mesh = automap.make_mesh({"data": 2, "model": 4})
     t0 = time.perf_counter()
     experts = expert_memory(w, mesh, state, batch)
-    budget = int(args.ratio * min(experts.values()))
+    budget = int(args.ratio * min(m.per_device for m in experts.values()))
     step = automap.partition(w.train_step, mesh=mesh, memory_budget=budget)
     plan = step.plan(state, batch)
-    memory, loss = measured(step, state, batch)
+    stat, loss = measured(step, state, batch)
+    memory = stat.per_device
     ref = float(jax.jit(w.train_step)(state, batch)[1])
     with_est, without_est = plan.estimate, estimate(without_recompute(plan), plan.topology)
     print(f"{w.name}, mesh data=2 x model=4, XLA memory per device of the expert plans:")
-    for name, nbytes in experts.items():
-        print(f"  {name:<14} {nbytes:>12,} B")
+    for name, m in experts.items():
+        print(f"  {name:<14} {terms(m)}")
     print(f"memory budget ({args.ratio} x the smallest): {budget:,} B")
     print(f"default plan: recomputes {', '.join(plan.state.program.recomputed) or 'nothing'}")
     for note in plan.notes:
-        if "recompute" in note:
+        if "recompute" in note or "XLA" in note:
             print(f"  {note}")
     print(f"  XLA memory per device {memory:,} B ({memory / budget:.3f}x the budget: "
           f"{'fits' if memory <= budget else 'OVER'}); estimated {with_est.peak_memory_bytes:,} B")
+    print(f"    XLA's terms: {terms(stat).split('= ')[1]}")
     print(f"  same plan without recompute: estimated {without_est.peak_memory_bytes:,} B")
     print(f"  estimated step {with_est.time_s * 1e3:.3f} ms with recompute, {without_est.time_s * 1e3:.3f} ms without "
           f"({with_est.time_s / without_est.time_s:.3f}x)")
