@@ -191,10 +191,16 @@ class Partitioned:
                 # jax.jit makes of the same in_shardings: it may not trade one figure for the other
                 # against that program; a plan that decided intermediates keeps its own in a trade
                 reference = None if emit.decided_values(plan.state) else "inputs-only"
-                arbitration = arbitrate(candidates, [abstractify(x) for x in args], reference=reference)
+                arbitration = arbitrate(candidates, [abstractify(x) for x in args], reference=reference,
+                                        budget=self._budget_bytes())
                 plan.measured["arbitration"] = arbitration
                 self._compiled[id(plan)] = (arbitration.kept.jitted, arbitration.kept.compiled)
         return self._compiled[id(plan)]
+
+    def _budget_bytes(self) -> int | None:
+        """The user's memory budget in bytes per device (None without one)."""
+        from automap.cost import parse_bytes
+        return None if self.memory_budget is None else parse_bytes(self.memory_budget)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The ``jax.stages.Lowered`` of exactly what ``__call__`` runs."""

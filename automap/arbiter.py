@@ -15,7 +15,8 @@ them). Both are measured (:func:`automap.measure`) and the better one is kept (:
   is not kept (flax ``nn.RNN(OptimizedLSTMCell)`` classifier, FSDP specs, mesh 2x4: 0.90x / 1.20x
   ``jax.jit``'s; now ``jax.jit``'s program).
 
-A program worse in both is dominated and never kept. ``arbiter`` (an option of
+A program worse in both is dominated and never kept. Under the user's ``memory_budget`` a program
+XLA measures within it beats one over it before any of this (the plan was made to fit). ``arbiter`` (an option of
 :func:`automap.automap`): ``"auto"`` (the default) arbitrates programs of at most
 :data:`AUTO_MAX_OPS` ops (two compiles of a small program are cheap; above that the second compile
 would cost as much as the first), and for those the search's final candidates are compiled and
@@ -133,22 +134,27 @@ def affordable(arbiter: Arbiter, program: Any) -> bool:
 
 
 def arbitrate(candidates: dict[str, Callable[[], Any]], abstract_args: list[Any],
-              reference: str | None = None) -> Arbitration:
+              reference: str | None = None, budget: int | None = None) -> Arbitration:
     """Compile each candidate (name -> a function returning its ``jax.jit``), measure it, and keep
     the best by :func:`prefer`; ties keep the earlier one (list the plan's own program first). With
     a ``reference`` (``jax.jit``'s own program), the best is kept only :func:`within_parity` of it;
-    otherwise the reference is."""
+    otherwise the reference is. Under a memory ``budget`` (bytes per device) a program XLA
+    measures within it beats one over it, whatever the other figures: the plan was made to fit."""
     built = []
     for name, make in candidates.items():
         jitted = make()
         compiled = jitted.lower(*abstract_args).compile()
         built.append(Candidate(name, jitted, compiled, measure(compiled)))
+
+    def fits(c: Candidate) -> bool:
+        return budget is None or c.memory <= budget
+
     best = built[0]
     for c in built[1:]:
-        if prefer(best.measurement, c.measurement):
+        if fits(c) > fits(best) or (fits(c) == fits(best) and prefer(best.measurement, c.measurement)):
             best = c
     ref = next((c for c in built if c.name == reference), None)
-    if ref is not None and not within_parity(best.measurement, ref.measurement):
+    if ref is not None and not within_parity(best.measurement, ref.measurement) and fits(ref) >= fits(best):
         best = ref
     return Arbitration(best, tuple(c for c in built if c is not best))
 

@@ -108,6 +108,28 @@ def test_arbiter_keeps_jit_program_over_one_trading_bytes_for_memory():
     assert arbitrate(candidates, args).kept.name == "pinned"
 
 
+def test_arbiter_keeps_the_program_within_the_memory_budget():
+    """Under a memory budget the program XLA measures within it is kept, even where the other
+    sends fewer bytes or is jax.jit's own (the reference): the plan was made to fit. Without the
+    budget the same two programs keep the replicated one (no bytes sent) or the reference."""
+    from jax.sharding import NamedSharding
+
+    from automap.arbiter import arbitrate
+    mesh = automap.make_mesh({"data": 8})
+    fn = lambda x: (2 * x).sum()  # noqa: E731
+    candidates = {"replicated": lambda: jax.jit(fn, in_shardings=NamedSharding(mesh, P())),  # no bytes, 8x memory
+                  "rows": lambda: jax.jit(fn, in_shardings=NamedSharding(mesh, P("data")))}  # one all-reduce
+    args = [jax.ShapeDtypeStruct((64, 256), jnp.float32)]
+    free = arbitrate(candidates, args)
+    replicated, rows = free.kept, free.others[0]
+    assert (replicated.name, rows.name) == ("replicated", "rows") and rows.memory < 64 * 256 * 4 <= replicated.memory
+    budget = 64 * 256 * 4 - 1  # the whole array does not fit
+    assert arbitrate(candidates, args, budget=budget).kept.name == "rows"
+    flipped = {"rows": candidates["rows"], "replicated": candidates["replicated"]}
+    assert arbitrate(flipped, args, reference="replicated").kept.name == "replicated"
+    assert arbitrate(flipped, args, reference="replicated", budget=budget).kept.name == "rows"
+
+
 def test_arbiter_option_is_checked():
     with pytest.raises(ValueError, match="arbiter must be 'auto', 'always', 'search' or None"):
         automap.partition(jnp.sin, mesh=automap.make_mesh({"data": 8}), arbiter="yes")
