@@ -24,12 +24,12 @@ from automap.gather_reuse import gathered_apart, grouped_on_the_sum
 from automap.indexed_ops import indices_first
 from automap.ir.program import Op, Program
 from automap.loop_invariants import loop_invariants
-from automap.merged_slices import sliced_further
+from automap.merged_slices import sliced_further, sliced_once
 from automap.reshard_bytes import moved_bytes
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
 from automap.split_moves import pieces_moved
-from automap.tile_order import disjoint_retile, tile_permute
+from automap.tile_order import disjoint_retile, displaced_axes, tile_permute
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"]
 Analysis = tuple[dict[int, Axes], tuple, int]  # (factor axes, reshard templates, pieces)
@@ -177,8 +177,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         actual = state.spec(vid)
         wanted = compose_spec(dims, fax, rule, sizes)
         nbytes = program.values[vid].nbytes
-        if retiled := disjoint_retile(actual, wanted, nbytes, sizes):
-            out += [(pos, kind, axes, moved, "operand") for kind, axes, moved in retiled]
+        if retiled := disjoint_retile(actual, wanted, nbytes, sizes) or displaced_axes(actual, wanted, nbytes, sizes):
+            out += [(pos, kind, axes, moved, "operand", *group) for kind, axes, moved, *group in retiled]
             continue
         gather, move = _diff(actual, wanted)
         if permute := tile_permute(actual, wanted, nbytes, sizes):
@@ -201,8 +201,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             whole = _per_device(nbytes, implied, sizes)
             for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
                 out.append((here, kind, axes, whole // share, "result"))
-        if retiled := disjoint_retile(implied, actual, nbytes, sizes):
-            out += [(here, kind, axes, moved, "result") for kind, axes, moved in retiled]
+        if retiled := disjoint_retile(implied, actual, nbytes, sizes) or displaced_axes(implied, actual, nbytes, sizes):
+            out += [(here, kind, axes, moved, "result", *group) for kind, axes, moved, *group in retiled]
             continue
         gather, move = _diff(implied, actual)
         if permute := tile_permute(implied, actual, nbytes, sizes):
@@ -357,6 +357,8 @@ def reshards(state: ShardingState) -> list[Reshard]:
             reused = False
             if kind == "reduce-scatter" and where == "result" and sliced_further(state, analyses, index, vid):
                 kind = "all-reduce"  # XLA:CPU merges the two slices (automap.merged_slices)
+            elif kind == "all-reduce" and where == "result" and sliced_once(state, analyses, index, vid, axes):
+                kind = "reduce-scatter"  # the reader's slice keeps the group's share (automap.merged_slices)
             if kind in ("all-gather", "collective-permute") and where == "operand" and pos != unshared:
                 if grouped is None:
                     grouped = grouped_on_the_sum(op, state, analyses[i][1]) if op.primitive == "dot_general" else ()

@@ -19,11 +19,9 @@ Measured on 8 CPU devices, mesh 2x4, a (32, 128) array split into four (32, 32) 
 ('data', 'model'): from ('data', 'model') twelve 512 B permutes (6,144 B sent; the all-gather the
 estimate had, 6,144 B); from a whole operand the same twelve (the estimate had nothing: each
 piece a local slice); from ('model', -) an all-to-all and a permute to ('data', 'model') (2,560
-B; the estimate prices 768 B, see below) and the twelve (the estimate had an all-to-all of
+B, as the estimate now prices it, :func:`automap.tile_order.displaced_axes`) and the twelve (the estimate had an all-to-all of
 each piece, 768 B in all; the held-out flax LSTM's input-kernel gradient in its backward scan,
-``fsdp``: 136 KiB sent there against 12 KiB estimated, 0.86x XLA's bytes for the plan). XLA
-moves ('model', -) to ('data', 'model') outside a split as well by an all-to-all over half of
-'model' and a permute, where the estimate's reshard has one all-to-all: not modelled here.
+``fsdp``: 136 KiB sent there against 12 KiB estimated, 0.86x XLA's bytes for the plan).
 """
 from __future__ import annotations
 

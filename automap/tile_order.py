@@ -77,3 +77,41 @@ def disjoint_retile(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str,
         return None
     kept = math.prod(sizes[a] for dim in wanted for a in dim)
     return (("collective-permute", tuple(a for a in sizes if a in have or a in want), nbytes // kept),)
+
+
+def displaced_axes(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int]) -> tuple | None:
+    """((kind, axes, bytes per device[, devices per group]), ...) of XLA's partitioner resharding a
+    value of ``nbytes`` whose axes ``A`` leave one dim for another that holds nothing, axes ``N``
+    the value does not hold taking their place (('model', -) to ('data', 'model')); None for any
+    other pair. It slices over ``N`` first, then moves each device's wanted piece: one
+    collective-permute where ``A`` splits no more ways than ``N`` (a wanted tile within one held
+    tile), and where it does, an all-to-all in groups of ``|A| / |N|`` before the permute if ``A``
+    goes to a minor dim (to a major one: one all-to-all over ``A``, as the estimate prices any
+    move). Measured on jax 0.10.2, a (32, 128) array on meshes 2x4 and 4x2: ('model', -) to
+    ('data', 'model') on 2x4 and ('data', -) to ('model', 'data') on 4x2 an all-to-all of the 2 KiB
+    piece in groups of 2 and a permute of it (2,560 B sent; one all-to-all over 'model', 768 B, to
+    the estimate before); the other mesh each a permute of the 2 KiB piece.
+
+    >>> displaced_axes((("model",), ()), (("data",), ("model",)), 16384, {"data": 2, "model": 4})
+    (('all-to-all', ('model',), 2048, 2), ('collective-permute', ('data', 'model'), 2048))
+    >>> displaced_axes((("model",), ()), (("data",), ("model",)), 16384, {"data": 4, "model": 2})
+    (('collective-permute', ('data', 'model'), 2048),)
+    """
+    differ = [d for d, (have, want) in enumerate(zip(actual, wanted, strict=True)) if tuple(have) != tuple(want)]
+    if len(differ) != 2:
+        return None
+    held = {a for dim in actual for a in dim}
+    for i, j in (differ, differ[::-1]):
+        left, new = tuple(actual[i]), tuple(wanted[i])
+        if left and new and not actual[j] and tuple(wanted[j]) == left and not held & set(new):
+            break
+    else:
+        return None
+    a, n = (math.prod(sizes[x] for x in axes) for axes in (left, new))
+    piece = nbytes // math.prod(sizes[x] for dim in wanted for x in dim)
+    permute = ("collective-permute", tuple(x for x in sizes if x in left or x in new), piece)
+    if n % a == 0:
+        return (permute,)
+    if a % n or j < i:
+        return None
+    return (("all-to-all", left, piece, a // n), permute)

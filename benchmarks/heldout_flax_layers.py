@@ -17,26 +17,27 @@ breadth-first schedule, which gathers the input gradients' reversed kernels at t
 step, next to the forward's: :func:`automap.cost.schedule.breadth_first_starts`, now 0.88 and
 0.93; conv_up fsdp_tp 1.21 -> 1.17 and conv1d fsdp_tp 1.16 -> 1.14 once the shard each early
 gather moved is freed when gathered, :func:`automap.cost.memory._reshard_spans`), dot FLOPs outside 5% in 0; jit parity 0 of 12, the default dominated in 0 of 12. lstm fsdp
-sends 1.01x XLA's bytes (0.86x before the estimate priced a split's pieces as XLA moves them,
+sends 0.98x XLA's bytes (1.01x before the two corrections below; 0.86x before the estimate priced a split's pieces as XLA moves them,
 :mod:`automap.split_moves`; 0.91x before a split's sliced dim was a permutation factor in
 ``automap.xla_layout``, which laid the input kernel's weight gradient in the backward scan out
 as XLA does, ((), 'model'), where it had the hidden kernel's ('model', 'data')). Its split (#273)
 wants the pieces on ('data', 'model'), the transposed gradient on ('model', -): XLA reshards it to
 the pieces' layout and moves each piece's share by twelve collective-permutes (136 KiB over the
-16 steps), which the estimate priced as one all-to-all per piece (12 KiB); now 108 KiB (the
-reshard from ('model', -) to ('data', 'model'), an all-to-all over half of 'model' and a permute
-to XLA, one all-to-all to the estimate: 28 KiB short). That nearly cancels what is left over:
-the gradient's all-reduce over 'data' (#270, 64 KiB), which XLA's measure reads as a
-reduce-scatter (32 KiB), each device keeping only its rows of the pieces. Before the loop's
+16 steps), which the estimate priced as one all-to-all per piece (12 KiB). The reshard from
+('model', -) to ('data', 'model') before it, an all-to-all over half of 'model' and a permute to
+XLA, was one all-to-all to the estimate (28 KiB short; :func:`automap.tile_order.displaced_axes`),
+and the gradient's all-reduce over 'data' (#270, 64 KiB) is a reduce-scatter to XLA's measure
+(32 KiB), the split keeping each device's rows (:func:`automap.merged_slices.sliced_once`); the two
+errors cancelled (1.01x), each now priced as XLA sends it (0.95x with the second alone). Before the loop's
 carry was laid out as Shardy lays it out (:mod:`automap.xla_loops`), lstm fsdp was 2.70 bytes and
 0.67 FLOPs, fsdp_tp 1.51 bytes; before convolutions were sized as Shardy sizes them
 (:mod:`automap.shardy_sizes`), conv1d fsdp_tp 0.63 and manual_fsdp 0.52 bytes; before a transposed
 conv's kernel gradient was counted as XLA:CPU runs it, conv_up 1.12 FLOPs on every plan.
 
-On mesh 4x2 lstm fsdp is outside, bytes 1.14 (1.09 before :mod:`automap.split_moves`): its
-splits are now priced as XLA sends them (#273 64 KiB on both sides), which no longer hides the
-gradient's all-reduce over 'data' (#270, 4 devices: 200 KiB) that XLA's measure reads as a
-reduce-scatter, the split keeping each device's rows (the same as on 2x4, larger).
+On mesh 4x2 lstm fsdp sends 0.99x XLA's bytes (1.14 before :func:`automap.merged_slices.sliced_once`,
+1.09 before :mod:`automap.split_moves`): its splits are priced as XLA sends them (#273 64 KiB on
+both sides), and the gradient's all-reduce over 'data' (#270, 4 devices: 200 KiB estimated) as
+the reduce-scatter XLA's measure reads, the split keeping each device's rows (as on 2x4).
 
 On mesh 4x2 (``--mesh 4x2``) conv1d fsdp_tp was outside, bytes 0.84 (67.7 KiB against 81.0), now
 1.00 (80.7 KiB). Its layout is Shardy's, op for op, but the embedding's scatter-add (#176: the
