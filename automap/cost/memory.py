@@ -9,8 +9,9 @@ reader's kernel, so the buffers it is computed from stay live until its last rea
 value recomputed in the backward pass keeps its sources alive). An expensive elementwise result
 (``exp``, ``tanh``, ...) read by several ops is not recomputed but stored. Which primitive is which
 is its record's ``memory`` trait (:data:`automap.rules.traits.Memory`). A ``scan`` adds the peak
-of its body (one iteration) while it runs; its stacked outputs are ordinary values. XLA schedules
-a loop body on its own: its gathers first, its gradient reductions last (:func:`_reshard_spans`).
+of its body (one iteration) while it runs; its stacked outputs are ordinary values (a fully
+unrolled one, straight-line code in XLA, is walked as copies of its body: :mod:`automap.cost.unrolled`).
+XLA schedules a loop body on its own: its gathers first, its gradient reductions last (:func:`_reshard_spans`).
 On a CPU topology the buffers XLA:CPU's compiler adds are counted too (:mod:`automap.cost.xla_cpu`:
 a reduce-scatter's whole reduced copy, a gather's layout copy, a convolution's transposed operands;
 here: what its reductions do not fuse (:func:`automap.cost.unfused_operands.unfused_reduction_operands`
@@ -28,8 +29,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 from automap.cost.flops import context
 from automap.cost.schedule import breadth_first_starts, entry_order
 from automap.cost.unfused_operands import unfused_reduction_operands
+from automap.cost.unrolled import inline_unrolled_scans
 from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
-                                  replaces_workspace, windowed_reductions)
+                                  recomputed_beside_dots, replaces_workspace, windowed_reductions)
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -262,12 +264,18 @@ def _liveness(
         for region in op.regions:  # outer values read inside the body stay live for the whole op
             for inner in _reads(region.ops):
                 end[inner] = i
+    beside_dots = recomputed_beside_dots(program, ops, outputs) if cpu else {}
+    needed = {v: end.get(v, i) for v, i in beside_dots.items()}  # stored until its last dot, needed longer
+    end.update(beside_dots)
     for i in range(len(ops) - 1, -1, -1):  # a fused result is recomputed where it is read: its
         fused = [v for v in ops[i].outputs if v not in keep]  # operands live until its last reader
-        if fused:
-            last = max(end.get(v, i) for v in fused)
+        last = max([end.get(v, i) for v in fused] + [needed[v] for v in ops[i].outputs if v in needed], default=None)
+        if last is not None:
             for v in ops[i].inputs:
-                end[v] = max(end.get(v, i), last)
+                if v in needed:
+                    needed[v] = max(needed[v], last)
+                else:
+                    end[v] = max(end.get(v, i), last)
     for i, op in enumerate(ops):  # an update written into its operand's buffer: the operand ends before it
         v = op.inputs[0] if op.inputs and traits_of(op.primitive).in_place else None
         if v in start and start[v] < i and end.get(v) == i:
@@ -321,6 +329,8 @@ def estimate_memory(
     >>> estimate_memory(ShardingState.initial(prog, {"data": 2})).peak  # 128 + 32 in, 64 out, dot result 64
     288
     """
+    all_of_them = list(all_reshards(state) if reshards is None else reshards)
+    state, all_of_them = inline_unrolled_scans(state, all_of_them)
     program = state.program
     size = _sizer(state)
     arguments = sum(map(size, dict.fromkeys(program.inputs)))
@@ -344,7 +354,7 @@ def estimate_memory(
         else:
             own.append((producer.get(v, -1), nbytes))
     by_op: dict[int, list[Reshard]] = {}
-    for r in all_reshards(state) if reshards is None else reshards:
+    for r in all_of_them:
         by_op.setdefault(r.op, []).append(r)
     # an output's buffer holds temporaries until the output is written: the temp is what does not fit
     temp = temp_peak(program, state, program.ops, outs, by_op, own, platform=platform)

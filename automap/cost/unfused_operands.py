@@ -47,7 +47,7 @@ def unfused_reduction_operands(
             v = stack.pop()
             if v not in made or v in keep or v in cuts:
                 continue
-            if readers.get(v, 0) > 1:
+            if readers.get(v, 0) > 1 and not _bitcast(made[v][1], values):
                 cuts.add(v)
                 continue
             for u in made[v][1].inputs:
@@ -57,3 +57,10 @@ def unfused_reduction_operands(
                 else:
                     stack.append(u)
     return cuts, [tuple(s) for s in spread.values()]
+
+
+def _bitcast(op: Op, values) -> bool:
+    """A reshape (unit dims added or dropped): a bitcast in XLA, which every reader reads in place
+    (``x[None]`` of a parameter): no buffer of its own, whatever reads it."""
+    return (op.primitive in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims") and len(op.inputs) == 1
+            and math.prod(values[op.inputs[0]].shape) == math.prod(values[op.outputs[0]].shape))

@@ -325,3 +325,49 @@ def pool_gradient_spans(op: Op, at: int, made: Mapping[int, int], size: Callable
     zeroed = [(0, at - 1, size(result))] if at else []  # the scatter writes the result into it, in place
     return [(0, selected, elements * index)] * arrays + zeroed + [
         (selected, at, len(local) * winners * index), (selected, selected, size(source))]
+
+
+def _bitcast_dot(program: Program, op: Op) -> bool:
+    """A ``dot_general`` whose batch dims all hold one element: XLA's algebraic simplifier drops
+    them, so the dot reads each operand through a reshape (a bitcast, which fuses)."""
+    if op.primitive != "dot_general":
+        return False
+    lhs_batch = op.params["dimension_numbers"][1][0]
+    return bool(lhs_batch) and all(program.values[op.inputs[0]].shape[d] == 1 for d in lhs_batch)
+
+
+def _cheap(program: Program, op: Op, made: Mapping[int, Op]) -> bool:
+    """An elementwise op XLA duplicates into each reader: a ``fused`` one, or a division by a
+    broadcast, which XLA's algebraic simplifier makes a multiply by the broadcast reciprocal."""
+    if op.primitive == "div" and len(op.inputs) == 2:
+        divisor = op.inputs[1]
+        return (getattr(made.get(divisor), "primitive", None) == "broadcast_in_dim"
+                or math.prod(program.values[divisor].shape) < math.prod(program.values[op.outputs[0]].shape))
+    return traits_of(op.primitive).memory == "fused" and not op.regions
+
+
+def recomputed_beside_dots(program: Program, ops: Sequence[Op], outputs: Collection[int]) -> dict[int, int]:
+    """value -> position of its last dot reader, for the cheap elementwise results (``memory``
+    trait ``fused``) whose readers all fuse but for dots reading them through a bitcast
+    (:func:`_bitcast_dot`): XLA:CPU fuses such a result into every reader, so the bitcast's loop
+    fusion stores a copy for the dots while each other reader recomputes it from its operands,
+    which stay live until that last reader (optax's Newton-Schulz steps, vmapped over a leading
+    dim of one: each step's ``c0 * x + b @ x`` is recomputed in the next step's, so every
+    step's ``b @ x`` stays live to the end)."""
+    def compute() -> dict[int, int]:
+        made = {v: op for op in ops for v in op.outputs}
+        dots: dict[int, int] = {}
+        fused_readers: set[int] = set()
+        stored: set[int] = set(outputs)
+        for i, op in enumerate(ops):
+            bitcast = _bitcast_dot(program, op)
+            stores = traits_of(op.primitive).reads_memory or bool(op.regions)
+            for v in op.inputs:
+                if bitcast:
+                    dots[v] = i
+                else:
+                    (stored if stores else fused_readers).add(v)
+        return {v: i for v, i in dots.items() if v in fused_readers and v not in stored and v in made
+                and _cheap(program, made[v], made)}
+
+    return program.memo_of(ops, ("recomputed_beside_dots", tuple(outputs)), compute)

@@ -1668,3 +1668,26 @@ def test_an_axis_displaced_by_one_the_value_does_not_hold_is_sliced_then_moved(m
     state, xla = _laid_out_as_xla_lays_it_out(jnp.sin, [jnp.ones((32, 128))], [operand, result], mesh_axes)
     assert estimate(state).wire_bytes == xla.wire_bytes
     assert sorted((r.kind, r.bytes) for r in reshards(state)) == sorted((op.kind, op.bytes) for op in xla.ops)
+
+
+@pytest.mark.parametrize("steps", [1, 5])
+def test_a_fully_unrolled_loop_keeps_what_xla_recomputes_across_its_trips(steps):
+    """optax's Newton-Schulz steps (Muon) on a 64x64 matrix: ``jax.lax.fori_loop(..., unroll=True)``
+    of ``x = c0 * x + (c1 * a + c2 * a @ a) @ x``, ``a = x @ x.T``, vmapped over a leading dim of
+    one. XLA compiles the unrolled scan as straight-line code; the dots' batch dim of one becomes a
+    bitcast, which fuses, so each step's ``c0 * x + b @ x`` is recomputed in the next step's fusions
+    and every step's ``b @ x`` stays live to the end: XLA's temp grows by one matrix a step. The
+    estimate priced the scan as a loop, one trip's peak (0.67x XLA's memory at 5 steps; Muon's
+    flax MLP: 0.59-0.62x)."""
+    coeffs = jnp.array([3.4445, -4.7750, 2.0315])
+
+    def step(i, x):
+        a = x @ x.T
+        return coeffs[0] * x + (coeffs[1] * a + coeffs[2] * a @ a) @ x
+
+    def fn(x):
+        one = lambda x: jax.lax.fori_loop(0, steps, step, x / (jnp.linalg.norm(x) + 1e-8), unroll=True)
+        return jax.vmap(one)(x[None])[0]
+
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones((64, 64))], [P(), P()])
+    assert estimate_memory(state, platform="cpu").peak == xla.memory_per_device
