@@ -11,14 +11,16 @@ over ``model`` too (the held-out conv1d's fsdp_tp: a 16 KiB all-reduce where the
 12 KiB reduce-scatter).
 
 The other side of the same pair: a partial sum all-reduced whole (its result kept without the
-summed axes) whose only reader, through transposes, takes the value split over exactly those axes
-(besides moving its other axes) is sliced there locally by the partitioner, right after the
+summed axes) whose only reader, through transposes, is a ``split`` taking the value split over
+exactly those axes (besides moving its other axes) is sliced there locally by the partitioner, right after the
 all-reduce, keeping the group's share: :mod:`automap.measure` reads the pair as a reduce-scatter,
 half the bytes on 2 devices ((n - 1)/n of the result against 2 (n - 1)/n). Measured on 8 CPU
 devices, mesh 4x2: a (32, 128) weight gradient summed over 'data' into ('model', -) (after its
 transpose), read by a ``split`` whose pieces are on ('data', 'model') (the held-out flax LSTM's
 input kernel under ``fsdp``: 200 KiB of all-reduce over its 16 steps where XLA's measure has
 half). A reader that slices over more axes than the sum's merges the slices: an all-reduce still.
+An elementwise reader keeps the all-reduce too (sequence parallelism's position add reading the
+embedding gather's sum, measured as an all-reduce: ``tests/tactics/test_sequence_parallel.py``).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ PASSED_THROUGH = ("transpose",)  # ops XLA's measure follows from an all-reduce 
 
 def sliced_once(state: ShardingState, analyses: Sequence, index: dict[int, int], vid: int, summed: Axes) -> bool:
     """Whether value ``vid``, all-reduced over ``summed``, is read (through unresharded
-    transposes) by one op alone that runs it (a ``split``: its pieces) split over exactly the axes
+    transposes) by one ``split`` alone that runs it (its pieces) split over exactly the axes
     ``summed`` more than it is stored (others may move between dims): the all-reduce and the
     reader's local slice are a reduce-scatter to XLA's measure (module docstring)."""
     program = state.program
@@ -46,7 +48,10 @@ def sliced_once(state: ShardingState, analyses: Sequence, index: dict[int, int],
         if op.primitive in PASSED_THROUGH and not templates and len(op.linked_outputs) == 1:
             vid = op.linked_outputs[0]
             continue
-        if op.rule is None or op.linked_inputs.count(vid) != 1:
+        # a split alone: XLA slices its pieces right after the sum; an elementwise reader (the
+        # masked embedding gather's sum read by the position add, sequence parallel) keeps the
+        # all-reduce and slices later (tests/tactics/test_sequence_parallel.py)
+        if op.primitive != "split" or op.rule is None or op.linked_inputs.count(vid) != 1:
             return False
         dims = op.rule.operands[op.linked_inputs.index(vid)]
         if not dims:

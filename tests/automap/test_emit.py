@@ -219,7 +219,7 @@ def test_jit_parity_binds_only_plans_that_decided_nothing_past_their_inputs(monk
 
     seen = []
 
-    def spy(candidates, args, reference=None):
+    def spy(candidates, args, reference=None, budget=None):
         seen.append(reference)
         return arbitrate(candidates, args, reference=reference)
 
