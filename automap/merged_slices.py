@@ -28,6 +28,7 @@ from typing import Sequence
 
 from automap.factors import Axes, compose_spec
 from automap.shardings import ShardingState
+from automap.split_moves import moves_whole_pieces
 
 
 PASSED_THROUGH = ("transpose",)  # ops XLA's measure follows from an all-reduce to its slice
@@ -35,7 +36,8 @@ PASSED_THROUGH = ("transpose",)  # ops XLA's measure follows from an all-reduce 
 
 def sliced_once(state: ShardingState, analyses: Sequence, index: dict[int, int], vid: int, summed: Axes) -> bool:
     """Whether value ``vid``, all-reduced over ``summed``, is read (through unresharded
-    transposes) by one ``split`` alone that runs it (its pieces) split over exactly the axes
+    transposes) by one ``split`` alone whose pieces XLA moves (whole pieces per device's block:
+    :func:`automap.split_moves.moves_whole_pieces`; the GRU's 3 gates are not) that runs it split over exactly the axes
     ``summed`` more than it is stored (others may move between dims): the all-reduce and the
     reader's local slice are a reduce-scatter to XLA's measure (module docstring)."""
     program = state.program
@@ -51,7 +53,7 @@ def sliced_once(state: ShardingState, analyses: Sequence, index: dict[int, int],
         # a split alone: XLA slices its pieces right after the sum; an elementwise reader (the
         # masked embedding gather's sum read by the position add, sequence parallel) keeps the
         # all-reduce and slices later (tests/tactics/test_sequence_parallel.py)
-        if op.primitive != "split" or op.rule is None or op.linked_inputs.count(vid) != 1:
+        if not moves_whole_pieces(op, state) or op.rule is None or op.linked_inputs.count(vid) != 1:
             return False
         dims = op.rule.operands[op.linked_inputs.index(vid)]
         if not dims:

@@ -52,16 +52,11 @@ def pieces_moved(op, state: ShardingState, templates: Callable[[Link, ShardingSt
     >>> pieces_moved(prog.ops[0], state, _templates)  # the whole operand sliced, the pieces' 8 KiB block moved
     ((0, 'all-gather', ('model',), 8192, 'operand'),)
     """
-    if op.primitive != "split":
+    if not moves_whole_pieces(op, state):
         return None
-    layouts = {state.spec(v) for v in op.linked_outputs}
-    if len(layouts) != 1:
-        return None
-    (piece,) = layouts
+    piece = state.spec(op.linked_outputs[0])
     axis = op.params["axis"] % len(piece)
     along = tuple(piece[axis])
-    if not along or not _whole_pieces(op, math.prod(state.axes[a] for a in along)):
-        return None
     shared = _shared_rule(op, axis)
     run = _run_spec(state.spec(op.linked_inputs[0]), piece, axis)
     fax: dict[int, tuple[str, ...]] = {}
@@ -73,6 +68,20 @@ def pieces_moved(op, state: ShardingState, templates: Callable[[Link, ShardingSt
     rest = tuple(tuple(a for a in axes if a not in along) for axes in run)
     block = state.program.values[op.linked_inputs[0]].nbytes // math.prod(state.axes[a] for axes in rest for a in axes)
     return templates(shared, state, fax) + ((0, "all-gather", along, block, "operand"),)
+
+
+def moves_whole_pieces(op, state: ShardingState) -> bool:
+    """Whether ``op`` is a ``split`` whose pieces all take one layout with axes on the split dim,
+    each device's block of that dim holding whole pieces: XLA reshards its operand to the pieces'
+    layout and moves them (module docstring)."""
+    if op.primitive != "split":
+        return False
+    layouts = {state.spec(v) for v in op.linked_outputs}
+    if len(layouts) != 1:
+        return False
+    (piece,) = layouts
+    along = piece[op.params["axis"] % len(piece)]
+    return bool(along) and _whole_pieces(op, math.prod(state.axes[a] for a in along))
 
 
 def _whole_pieces(op, n: int) -> bool:
