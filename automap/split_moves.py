@@ -73,7 +73,16 @@ def pieces_moved(op, state: ShardingState, templates: Callable[[Link, ShardingSt
 def moves_whole_pieces(op, state: ShardingState) -> bool:
     """Whether ``op`` is a ``split`` whose pieces all take one layout with axes on the split dim,
     each device's block of that dim holding whole pieces: XLA reshards its operand to the pieces'
-    layout and moves them (module docstring)."""
+    layout and moves them (module docstring).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> prog = lower(jax.make_jaxpr(lambda g: jnp.split(g, 4, axis=1))(jnp.ones((32, 128))), ["g"], list("abcd"))
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4})
+    >>> on = lambda spec: state.replace(specs={v: spec for v in prog.outputs})
+    >>> moves_whole_pieces(prog.ops[0], on(((), ("model",)))), moves_whole_pieces(prog.ops[0], on((("data",), ())))
+    (True, False)
+    """
     if op.primitive != "split":
         return False
     layouts = {state.spec(v) for v in op.linked_outputs}

@@ -21,7 +21,14 @@ from automap.shardings import ShardingState
 def fully_unrolled(op: Op) -> bool:
     """A top-level ``scan`` XLA compiles without a loop (one trip is no loop either), whose trips
     read no slices and stack no results (carries and constants only) and whose body holds no
-    control flow."""
+    control flow.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> steps = lambda unroll: lambda x: jax.lax.fori_loop(0, 3, lambda i, y: y @ y, x, unroll=unroll)
+    >>> [fully_unrolled(lower(jax.make_jaxpr(steps(u))(jnp.ones((4, 4))), ["x"], ["y"]).ops[-1]) for u in (True, 1)]
+    [True, False]
+    """
     if op.primitive != "scan":
         return False
     p = op.params
