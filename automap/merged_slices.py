@@ -39,7 +39,20 @@ def sliced_once(state: ShardingState, analyses: Sequence, index: dict[int, int],
     transposes) by one ``split`` alone whose pieces XLA moves (whole pieces per device's block:
     :func:`automap.split_moves.moves_whole_pieces`; the GRU's 3 gates are not) that runs it split over exactly the axes
     ``summed`` more than it is stored (others may move between dims): the all-reduce and the
-    reader's local slice are a reduce-scatter to XLA's measure (module docstring)."""
+    reader's local slice are a reduce-scatter to XLA's measure (module docstring). Seen through
+    :func:`automap.analysis.reshards`, which asks it of each all-reduce of a result:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.analysis import reshards
+    >>> from automap.ir.lower import lower
+    >>> f = lambda x, w: jnp.split(x @ w, 4, axis=1)  # x @ w summed over 'data', then split
+    >>> prog = lower(jax.make_jaxpr(f)(jnp.ones((32, 64)), jnp.ones((64, 128))), ["x", "w"], list("abcd"))
+    >>> def pieces_on(spec):
+    ...     specs = {0: ((), ("data",)), 1: (("data",), ()), 2: ((), ())} | {v: spec for v in prog.outputs}
+    ...     return ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs=specs)
+    >>> [[r.kind for r in reshards(pieces_on(spec)) if r.op == 0] for spec in [((), ("data",)), ((), ("model",))]]
+    [['reduce-scatter'], ['all-reduce']]
+    """
     program = state.program
     while True:
         readers = [op for op in program.users.get(vid, ()) if vid in op.linked_inputs]

@@ -45,7 +45,16 @@ def inline_unrolled_scans(state: ShardingState, reshards: Sequence[Reshard]) -> 
     ``length`` copies of its body (fresh values with the specs of the body's); unchanged where
     there is none, or where a reshard sits on the scan or its body (a plan that splits what the
     loop works on: under Muon's FSDP plans XLA's temp stays near one trip's, 0.9-1.1x the loop's
-    estimate, where the copies, each with its gathers, came to 1.7-2.9x)."""
+    estimate, where the copies, each with its gathers, came to 1.7-2.9x).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> steps = lambda x: jax.lax.fori_loop(0, 3, lambda i, y: y @ y, x, unroll=True)
+    >>> prog = lower(jax.make_jaxpr(steps)(jnp.ones((4, 4))), ["x"], ["y"])
+    >>> inlined, _ = inline_unrolled_scans(ShardingState.initial(prog, {"data": 2, "model": 4}), [])
+    >>> [op.primitive for op in prog.ops], [op.primitive for op in inlined.program.ops if op.primitive == "dot_general"]
+    (['scan'], ['dot_general', 'dot_general', 'dot_general'])
+    """
     program = state.program
     scans = program.memo_of(program.ops, ("unrolled_scans",),
                             lambda: frozenset(op.id for op in program.ops if fully_unrolled(op)))

@@ -353,7 +353,19 @@ def recomputed_beside_dots(program: Program, ops: Sequence[Op], outputs: Collect
     fusion stores a copy for the dots while each other reader recomputes it from its operands,
     which stay live until that last reader (optax's Newton-Schulz steps, vmapped over a leading
     dim of one: each step's ``c0 * x + b @ x`` is recomputed in the next step's, so every
-    step's ``b @ x`` stays live to the end)."""
+    step's ``b @ x`` stays live to the end).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> bmm = jax.lax.batch_matmul
+    >>> def step(x):  # a Newton-Schulz-like step on a batch of one
+    ...     a = bmm(x, x)
+    ...     b = 2.0 * a + bmm(a, a)  # value 5, read by the dot at position 4 and by the last add
+    ...     return bmm(b, x) + b
+    >>> prog = lower(jax.make_jaxpr(step)(jnp.ones((1, 4, 4))), ["x"], ["y"])
+    >>> recomputed_beside_dots(prog, prog.ops, prog.outputs)
+    {5: 4}
+    """
     def compute() -> dict[int, int]:
         made = {v: op for op in ops for v in op.outputs}
         dots: dict[int, int] = {}
