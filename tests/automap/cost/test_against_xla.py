@@ -1731,3 +1731,24 @@ def test_the_input_a_grouped_dot_gathers_whole_is_the_gather_the_weight_gradient
     state, xla = _laid_out_as_xla_lays_it_out(fn, args, specs, MESH_4X2)
     assert sorted(op.bytes for op in xla.ops) == [1024, 16384]
     assert estimate(state).wire_bytes == xla.wire_bytes
+
+
+def test_a_cotangent_retiled_onto_fewer_ways_is_permuted_then_gathered_in_pairs():
+    """A dense layer's weight gradient ``bsc,bso->co`` whose cotangent's ``c`` is on 'data' (4)
+    and the gradient's on 'model' (2), and its input gradient ``bsc,oc->bso`` grouped by the
+    kernel's rows (the held-out nnx BatchNorm probe's ``down`` layer under ``fsdp``, mesh 4x2): XLA
+    permutes the cotangent's quarter and gathers it in pairs for the first
+    (:func:`automap.tile_order.disjoint_retile`), and gathers it whole again for the second (a
+    gather in groups is not the whole one). The estimate gathered it whole once for both (0.64x
+    XLA's bytes sent here; the probe's 1.18x once its input gradient gathered the kernel)."""
+    def fn(dy, h, w):
+        return jnp.sin(jnp.einsum("bsc,bso->co", dy, h)), jnp.sin(jnp.einsum("bsc,oc->bso", dy, w))
+
+    args = [jnp.ones((8, 16, 32)), jnp.ones((8, 16, 64)), jnp.ones((64, 32))]
+    specs = [P(None, None, "data"), P("data"), P("data", "model"), P("model", "data"), P(None, None, "data")]
+    state, xla = _laid_out_as_xla_lays_it_out(fn, args, specs, MESH_4X2)
+    moved = [(r.kind, r.axes, r.bytes) for r in reshards(state) if r.value == state.program.inputs[0] and not r.reused]
+    assert sorted(moved) == sorted((op.kind, op_axes(op, MESH_4X2), op.bytes) for op in xla.ops
+                                   if op_axes(op, MESH_4X2) != ("model",) and op.kind != "all-to-all") == [
+        ("all-gather", ("data",), 8192), ("all-gather", ("data",), 16384), ("collective-permute", ("data", "model"), 4096)]
+    assert estimate(state).wire_bytes == xla.wire_bytes
