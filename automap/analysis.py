@@ -21,7 +21,7 @@ from typing import Iterable, Literal, Sequence
 from automap.factors import Axes, compose_dim, compose_spec, solution, solve_factors
 from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
 from automap.gather_reuse import gathered_apart, grouped_on_the_sum
-from automap.indexed_ops import indices_first
+from automap.indexed_ops import INDEXED, indices_first
 from automap.ir.program import Op, Program
 from automap.loop_invariants import loop_invariants
 from automap.merged_slices import sliced_further, sliced_once
@@ -30,6 +30,7 @@ from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
 from automap.split_moves import pieces_moved
 from automap.tile_order import disjoint_retile, displaced_axes, tile_permute
+from automap.whole_gathers import grouped_partner
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"]
 Analysis = tuple[dict[int, Axes], tuple, int]  # (factor axes, reshard templates, pieces)
@@ -171,13 +172,17 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
     program, sizes, rule = state.program, state.axes, op.rule
     out = []
     n_in = len(op.linked_inputs)
+    in_groups = op.primitive not in INDEXED  # automap.indexed_ops prices their moves from plain gathers
     for pos, (vid, dims) in enumerate(zip(op.linked_inputs, rule.operands, strict=True)):
         if not dims:
             continue
         actual = state.spec(vid)
         wanted = compose_spec(dims, fax, rule, sizes)
         nbytes = program.values[vid].nbytes
-        if retiled := disjoint_retile(actual, wanted, nbytes, sizes) or displaced_axes(actual, wanted, nbytes, sizes):
+        retiled = disjoint_retile(actual, wanted, nbytes, sizes, in_groups) or displaced_axes(actual, wanted, nbytes, sizes)
+        if retiled and retiled[-1][0] == "all-gather" and _grouped_partner_at(op, state) == pos:
+            retiled = None  # gathered whole for the dot's groups, then sliced (automap.whole_gathers.grouped_partner)
+        if retiled:
             out += [(pos, kind, axes, moved, "operand", *group) for kind, axes, moved, *group in retiled]
             continue
         gather, move = _diff(actual, wanted)
@@ -201,7 +206,7 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             whole = _per_device(nbytes, implied, sizes)
             for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
                 out.append((here, kind, axes, whole // share, "result"))
-        if retiled := disjoint_retile(implied, actual, nbytes, sizes) or displaced_axes(implied, actual, nbytes, sizes):
+        if retiled := disjoint_retile(implied, actual, nbytes, sizes, in_groups and not contraction) or displaced_axes(implied, actual, nbytes, sizes):
             out += [(here, kind, axes, moved, "result", *group) for kind, axes, moved, *group in retiled]
             continue
         gather, move = _diff(implied, actual)
@@ -212,6 +217,12 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         if move:
             out.append((here, "all-to-all", move, _per_device(nbytes, implied, sizes), "result"))
     return tuple(out) + _permutation_moves(op, state, fax)
+
+
+def _grouped_partner_at(op: Op, state: ShardingState) -> int | None:
+    """The position of the operand a dot's partitioner gathers whole for its groups, if any."""
+    got = grouped_partner(op, state)
+    return None if got is None else 1 - got[0]
 
 
 def _permutation_moves(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
@@ -347,7 +358,7 @@ def reshards(state: ShardingState) -> list[Reshard]:
         op, mult = walked[i]
         region = values[op.outputs[0]].region if op.outputs else 0
         linked = op.linked
-        unshared = gathered_apart(op, analyses[i][1])
+        unshared = gathered_apart(op, analyses[i][1], state)
         grouped = None  # computed on the op's first gather, once
         for pos, kind, axes, nbytes, where, *group in analyses[i][1]:
             vid = linked[pos]
@@ -362,7 +373,7 @@ def reshards(state: ShardingState) -> list[Reshard]:
             if kind in ("all-gather", "collective-permute") and where == "operand" and pos != unshared:
                 if grouped is None:
                     grouped = grouped_on_the_sum(op, state, analyses[i][1]) if op.primitive == "dot_general" else ()
-                key = (vid, kind, axes, region, grouped)
+                key = (vid, kind, axes, region, grouped, *group)  # a gather in groups is another one
                 reused = key in gathered
                 gathered.add(key)
             fields = (op.id, vid, kind, axes, nbytes, count, where, reused, *group)

@@ -19,7 +19,7 @@ from automap.ir.program import Op
 from automap.idle_axis_detours import idle_axis_detours
 from automap.mismatched_sums import mismatched_sums_in_result_layout
 from automap.output_free_splits import free_splits_kept
-from automap.whole_gathers import whole_partner_gathers
+from automap.whole_gathers import grouped_sum_gathers, whole_partner_gathers
 
 CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
 
@@ -45,7 +45,7 @@ def as_xla_contracts(op: Op, state, fax: dict[int, Axes], templates: Templates,
     fax, templates = _shared_sum_in_result_layout(op, state, fax, templates, templates_of)
     fax, templates = mismatched_sums_in_result_layout(op, state, fax, templates, templates_of)
     fax, templates = _moved_result_in_result_layout(op, state, fax, templates, templates_of)
-    gathered = whole_partner_gathers(op, state, fax, templates_of)
+    gathered = whole_partner_gathers(op, state, fax, templates_of) or grouped_sum_gathers(op, state, fax, templates_of)
     if gathered is not None:  # measured: no detour over an idle axis then
         return (*gathered, 1)
     templates, detour = idle_axis_detours(op, state, fax, templates)

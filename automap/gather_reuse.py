@@ -11,9 +11,10 @@ from __future__ import annotations
 from automap.contraction_layouts import CONTRACTIONS, Templates, shared_sums
 from automap.factors import Axes
 from automap.ir.program import Op
+from automap.whole_gathers import grouped_sum_gathers
 
 
-def gathered_apart(op: Op, templates: Templates) -> int | None:
+def gathered_apart(op: Op, templates: Templates, state=None) -> int | None:
     """The operand position (else None) of a contraction's gather that XLA's CSE shares with no
     other gather of the same value: where the contraction gathers both its operands, the larger
     (per device, once gathered; the first operand on a tie). XLA's partitioner writes that
@@ -43,6 +44,8 @@ def gathered_apart(op: Op, templates: Templates) -> int | None:
         return None
     gathers = [(nbytes, pos) for pos, kind, _, nbytes, where, *_ in templates if kind == "all-gather" and where == "operand"]
     if len(gathers) != 2 or gathers[0][1] == gathers[1][1]:
+        return None
+    if state is not None and grouped_sum_gathers(op, state, {}, lambda *_: ()) is not None:
         return None
     return max(gathers)[1] if gathers[0][0] != gathers[1][0] else gathers[0][1]
 

@@ -141,7 +141,7 @@ def _moved_to_idle(op: Op, state, fax: dict[int, Axes], alt: dict[int, Axes], lo
     piece = _piece(state, op.linked_inputs[0])
     out = []
     for t in templates(op, state, alt):
-        pos, kind, axes, nbytes, where = t
+        pos, kind, axes, nbytes, where, *_ = t
         if pos == 0 and where == "operand":  # the table moved onto the idle devices, not gathered
             if not free_table:
                 if n_idle < n_lost:

@@ -43,28 +43,32 @@ def tile_permute(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, in
     return tuple(a for a in sizes if a in axes), nbytes // max(pieces)
 
 
-def disjoint_retile(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int]) -> tuple | None:
-    """((kind, axes, bytes per device),) of the collective-permute XLA's partitioner resharding a
-    value of ``nbytes`` from ``actual`` to ``wanted`` runs where the two differ on one dim alone,
-    split there over disjoint axes, each wanted tile within one held tile (the wanted ways a
-    multiple of the held ones): the wanted piece moved, where a gather of the held axes and a
-    slice would send twice its bytes or more; None otherwise. Measured on jax 0.10.2, meshes 2x4
-    and 4x2, the operand of a dot run in its result's layout (``bd,hd->bh`` and ``bsd,bsh->dh``,
-    the operand split on 'data' (2) and the result on 'model' (4), or on 'model' (2) and 'data'
-    (4)): one permute of the wanted piece; and a dot's result so moved after its sum
-    (``bsd,bsh->dh`` on 4x2, ``dh`` computed on 'model' and wanted on 'data':
-    :mod:`automap.output_free_splits`; the estimate gathered 'model', 0.94x XLA's bytes sent in
-    ``benchmarks/layout_matrix.py``). The other way (each held tile within a wanted one) XLA
-    permutes the held piece and gathers in groups there, but runs a dense layer's forward
-    otherwise (``bsh,hd->bsd``, ``h``'s sum on 'model' and ``k``'s on 'data', its features on
-    'model': ``h`` gathered whole, no partial sum), which the estimate does not model: left a
-    gather of the held axes (then a slice) as before, which prices that layer right.
+def disjoint_retile(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int], in_groups: bool = True) -> tuple | None:
+    """((kind, axes, bytes per device[, devices per group]), ...) of XLA's partitioner resharding a
+    value of ``nbytes`` from ``actual`` to ``wanted`` where the two differ on one dim alone, split
+    there over disjoint axes: where each wanted tile lies within one held tile (the wanted ways a
+    multiple of the held ones), one collective-permute of the wanted piece, where a gather of the
+    held axes and a slice would send twice its bytes or more; the other way (each held tile within
+    a wanted one), a permute of the held piece, then a gather in groups of the held ways over the
+    wanted ones (not where ``in_groups`` is false); None otherwise. Measured on jax 0.10.2, meshes 2x4 and 4x2, the operand of a dot
+    run in its result's layout (``bd,hd->bh`` and ``bsd,bsh->dh``, the operand split on 'data' (2)
+    and the result on 'model' (4), or on 'model' (2) and 'data' (4)): one permute of the wanted
+    piece; and a dot's result so moved after its sum (``bsd,bsh->dh`` on 4x2, ``dh`` computed on
+    'model' and wanted on 'data': :mod:`automap.output_free_splits`; the estimate gathered 'model',
+    0.94x XLA's bytes sent in ``benchmarks/layout_matrix.py``). The other way: a weight gradient
+    ``bsc,bso->co`` whose cotangent's ``c`` is on 'data' (4) and the gradient's on 'model' (2)
+    (and 2x4 the other way round; the held-out nnx BatchNorm probe's ``down`` layer under FSDP),
+    the cotangent permuted (4 KiB) and gathered in pairs, 9,728 B sent where the estimate gathered
+    it whole (13,824), and a sum's result on 'model' (4) wanted on 'data' (2). A dense layer's
+    forward (``bsh,hd->bsd``, ``h``'s sum on 'model', ``k``'s rows on 'data' and its features on
+    'model') XLA runs otherwise, gathering ``h`` whole for the groups of its features
+    (:func:`automap.whole_gathers.grouped_partner`, which :func:`automap.analysis.reshards` asks).
 
     >>> sizes = {"data": 2, "model": 4}
     >>> disjoint_retile((("data",), ()), (("model",), ()), 16384, sizes)
     (('collective-permute', ('data', 'model'), 4096),)
-    >>> disjoint_retile((("model",), ()), (("data",), ()), 16384, sizes) is None
-    True
+    >>> disjoint_retile((("model",), ()), (("data",), ()), 16384, sizes)  # the held 4 KiB moved, pairs gathered
+    (('collective-permute', ('data', 'model'), 4096), ('all-gather', ('model',), 8192, 2))
     """
     differ = [d for d, (have, want) in enumerate(zip(actual, wanted, strict=True)) if tuple(have) != tuple(want)]
     if len(differ) != 1:
@@ -73,10 +77,14 @@ def disjoint_retile(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str,
     if not have or not want or set(have) & set(want):
         return None
     n, m = (math.prod(sizes[a] for a in axes) for axes in (have, want))
-    if m % n:
-        return None
     kept = math.prod(sizes[a] for dim in wanted for a in dim)
-    return (("collective-permute", tuple(a for a in sizes if a in have or a in want), nbytes // kept),)
+    axes = tuple(a for a in sizes if a in have or a in want)
+    if m % n == 0:
+        return (("collective-permute", axes, nbytes // kept),)
+    if n % m == 0 and in_groups:  # the held piece moved, then gathered in groups of n / m
+        held = math.prod(sizes[a] for dim in actual for a in dim)
+        return (("collective-permute", axes, nbytes // held), ("all-gather", tuple(have), nbytes // kept, n // m))
+    return None
 
 
 def displaced_axes(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int]) -> tuple | None:
