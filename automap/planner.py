@@ -154,7 +154,13 @@ def make_plan(
                     _warn_if_over(state, measure_state, memory_budget, topology, donated)
             if unfit is not None:
                 got = measure_state(state).memory_per_device or 0
-                if got > budget:
+                if got > budget:  # the error names what XLA measured too: the estimate is not the last word
+                    from automap.cost import estimate
+
+                    est = estimate(state, topology, donated=tuple(donated)).peak_memory_bytes
+                    unfit.args = (f"{unfit.args[0]}. XLA measured the search's final candidates (and those of "
+                                  f"searches under the budget scaled by its measure): the smallest is "
+                                  f"{human_bytes(got)} per device ({human_bytes(est)} by estimate)",)
                     raise unfit
                 notes = notes + (f"search: XLA measures the plan within the budget: {human_bytes(got)}",)
 
