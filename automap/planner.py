@@ -221,7 +221,7 @@ def _warn_if_over(state: ShardingState, measure_state: Callable, memory_budget: 
         est = estimate(state, topology, donated=tuple(donated)).peak_memory_bytes
         warnings.warn(f"automap: no plan found within memory_budget={memory_budget!r} ({human_bytes(budget)} per "
                       f"device) by XLA's measure; kept the smallest XLA measured: {human_bytes(got)} "
-                      f"({human_bytes(est)} by estimate). plan.notes say what was tried", stacklevel=5)
+                      f"({human_bytes(est)} by the search's estimate). plan.notes say what was tried", stacklevel=5)
 
 
 SCALED_SEARCHES = 3  # at most this many searches again under a budget scaled by XLA's measure

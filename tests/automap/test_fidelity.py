@@ -500,5 +500,5 @@ def test_a_scaled_search_that_fits_nothing_by_estimate_has_its_final_candidates_
     assert state == "c" and asked == [int(610 * 600 / 700)]  # one search: it fits nothing, its candidates measured
     assert "no plan within it; its final candidates 620 B by XLA's measure" in note
     assert note.endswith("kept 620 B (still over)")
-    with pytest.warns(UserWarning, match=r"kept the smallest XLA measured: 620 B \(540 B by estimate\)"):
+    with pytest.warns(UserWarning, match=r"kept the smallest XLA measured: 620 B \(540 B by the search's estimate\)"):
         _warn_if_over(state, measure_state, 610, None, ())
