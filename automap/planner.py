@@ -135,6 +135,8 @@ def make_plan(
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
             state, more = _fit_by_measure(state, found, measure_state, research, memory_budget, topology, donated)
             notes = notes + more
+            if memory_budget is not None:
+                _warn_if_over(state, measure_state, memory_budget, topology, donated)
         elif (found.alternatives or memory_budget is not None) and affordable(arbiter, program):  # XLA decides last
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
             budget = None
@@ -148,9 +150,17 @@ def make_plan(
             if budget is not None and (measure_state(state).memory_per_device or 0) > budget:
                 state, more = _search_within_measure(state, measure_state, research, budget, topology, donated)
                 notes = notes + more
+                if unfit is None:  # (where no plan fits by estimate either, the search's error is raised below)
+                    _warn_if_over(state, measure_state, memory_budget, topology, donated)
             if unfit is not None:
                 got = measure_state(state).memory_per_device or 0
-                if got > budget:
+                if got > budget:  # the error names what XLA measured too: the estimate is not the last word
+                    from automap.cost import estimate
+
+                    est = estimate(state, topology, donated=tuple(donated)).peak_memory_bytes
+                    unfit.args = (f"{unfit.args[0]}. XLA measured the search's final candidates (and those of "
+                                  f"searches under the budget scaled by its measure): the smallest is "
+                                  f"{human_bytes(got)} per device ({human_bytes(est)} by estimate)",)
                     raise unfit
                 notes = notes + (f"search: XLA measures the plan within the budget: {human_bytes(got)}",)
 
@@ -196,6 +206,24 @@ def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, r
     return state, notes
 
 
+def _warn_if_over(state: ShardingState, measure_state: Callable, memory_budget: Any, topology: Any,
+                  donated: Any) -> None:
+    """Warn where the kept plan is still over the user's ``memory_budget`` by XLA's measure (its
+    notes say what was tried), naming the measured and the estimated memory per device."""
+    import warnings
+
+    from automap.cost import estimate
+    from search.planning import budget_bytes
+
+    budget = budget_bytes(memory_budget, topology or default_topology())
+    got = measure_state(state).memory_per_device or 0
+    if got > budget:
+        est = estimate(state, topology, donated=tuple(donated)).peak_memory_bytes
+        warnings.warn(f"automap: no plan found within memory_budget={memory_budget!r} ({human_bytes(budget)} per "
+                      f"device) by XLA's measure; kept the smallest XLA measured: {human_bytes(got)} "
+                      f"({human_bytes(est)} by the search's estimate). plan.notes say what was tried", stacklevel=5)
+
+
 SCALED_SEARCHES = 3  # at most this many searches again under a budget scaled by XLA's measure
 
 
@@ -205,7 +233,10 @@ def _search_within_measure(state: ShardingState, measure_state: Callable, resear
     under the budget scaled by what XLA measured against the estimate of the last plan (the
     estimate's own error, calibrated on this program), XLA arbitrating its final candidates as
     before, until a plan fits by XLA's measure (at most :data:`SCALED_SEARCHES` times: the error
-    differs from plan to plan); the plan XLA measures smallest is kept."""
+    differs from plan to plan); where nothing fits the scaled budget by estimate, XLA measures that
+    search's final candidates (its answer, the expert ceiling, the leanest compositions) and it stops.
+    The plan XLA measures smallest is kept. Each round is a search and a few compiles: bounded by
+    :data:`SCALED_SEARCHES`, and run only where a budget was given and XLA measured it missed."""
     from automap.cost import estimate
     from search.planning import MemoryBudgetError
 
@@ -213,18 +244,22 @@ def _search_within_measure(state: ShardingState, measure_state: Callable, resear
     last, got, lines = state, kept_got, []
     for _ in range(SCALED_SEARCHES):
         scaled = int(budget * estimate(last, topology, donated=tuple(donated)).peak_memory_bytes / got)
+        unfit = False
         try:
             last, refound = research(scaled)
-        except MemoryBudgetError:
-            lines.append(f"no plan within {human_bytes(scaled)} by estimate")
-            break
+        except MemoryBudgetError as error:  # its final candidates, leaner by estimate, may fit by XLA's measure
+            if error.result is None or not error.result.alternatives:
+                lines.append(f"no plan within {human_bytes(scaled)} by estimate")
+                break
+            unfit, last, refound = True, error.result.state, error.result
         if refound.alternatives:
             last = final_choice(("answer", last, refound.score), refound.alternatives, measure_state, budget)[0]
         got = measure_state(last).memory_per_device or 0
-        lines.append(f"under {human_bytes(scaled)} by estimate: {human_bytes(got)} by XLA's measure")
+        lines.append(f"under {human_bytes(scaled)} by estimate: {'no plan within it; its final candidates ' if unfit else ''}"
+                     f"{human_bytes(got)} by XLA's measure")
         if got < kept_got:
             kept, kept_got = last, got
-        if got <= budget:
+        if got <= budget or unfit:
             break
     verdict = "within" if kept_got <= budget else "still over"
     return kept, (f"search: every final candidate over the budget of {human_bytes(budget)} by XLA's measure; "

@@ -54,9 +54,9 @@ class ProgramBuilder:
             outs = []
             for o in eqn.outvars:
                 like = next((v for v in reversed(likes) if self.values[v].shape == tuple(o.aval.shape)), None)
-                if like is None:  # a scalar: replicated
-                    self.values.append(Value(len(self.values), (), o.aval.dtype, name, "intermediate", "backward",
-                                             o.aval.dtype.itemsize))
+                if like is None:  # a scalar, or a shape no value of ``likes`` has: replicated, its own shape
+                    self.values.append(Value(len(self.values), tuple(o.aval.shape), o.aval.dtype, name,
+                                             "intermediate", "backward", o.aval.dtype.itemsize))
                     outs.append(len(self.values) - 1)
                 else:
                     outs.append(self.value(like, name))

@@ -415,8 +415,8 @@ def test_the_final_choice_under_a_budget_keeps_a_candidate_xla_measures_within_i
     # a candidate over the budget, leaner than the fitting ones in both, drops neither of them
     over = (candidates[0], candidates[1] + (("expert (o)", "o", fast(5.0)),))
     assert final_choice(*over, measured.__getitem__, budget=1377)[0] == "n"
-    # nothing within the budget: chosen as without one
-    assert final_choice(*candidates, measured.__getitem__, budget=1000)[0] == "a"
+    # nothing within the budget: the smallest by XLA's measure, the nearest to what was asked (was: as without one)
+    assert final_choice(*candidates, measured.__getitem__, budget=1000)[0] == "n"
 
 
 def test_the_final_choice_moves_only_to_a_candidate_no_heavier_in_either_figure():
@@ -465,7 +465,40 @@ def test_every_final_candidate_over_the_budget_by_measure_searches_again_under_a
         asked.append(budget)
         return ("b", "c")[len(asked) - 1], SimpleNamespace(alternatives=())
 
-    measure_state = lambda s: SimpleNamespace(memory_per_device=xla[s])  # noqa: E731
+    measure_state = lambda s: SimpleNamespace(memory_per_device=xla[s], wire_bytes=0)  # noqa: E731
     state, (note,) = _search_within_measure("a", measure_state, research, 610, None, ())
     assert state == "c" and asked == [int(610 * 600 / 660), int(610 * 550 / 680)]
     assert note.endswith("kept 590 B (within)")
+
+
+def test_a_scaled_search_that_fits_nothing_by_estimate_has_its_final_candidates_measured(monkeypatch):
+    """Held-out nnx_lora under 0.8x its leanest expert plan (95.7 KiB): the search under the budget
+    scaled by XLA's measure (79.5 KiB) found no plan within it by estimate; its final candidates,
+    leaner by estimate, are measured by XLA all the same and the smallest kept, with a warning
+    naming the measured and estimated memory. Before, the search stopped at the error and kept
+    the first plan (116,948 B by XLA; now 106,976 B)."""
+    from types import SimpleNamespace
+
+    import automap.cost
+    from automap.planner import _search_within_measure, _warn_if_over
+    from search.planning import MemoryBudgetError
+
+    est = {"a": 600, "b": 560, "c": 540}
+    xla = {"a": 700, "b": 640, "c": 620}
+    monkeypatch.setattr(automap.cost, "estimate", lambda s, *a, **k: SimpleNamespace(peak_memory_bytes=est[s]))
+    asked = []
+
+    def research(budget):
+        asked.append(budget)
+        error = MemoryBudgetError("no plan within the budget")
+        error.result = SimpleNamespace(state="b", score=SimpleNamespace(time_s=1.0),
+                                       alternatives=(("expert", "c", SimpleNamespace(time_s=2.0)),))
+        raise error
+
+    measure_state = lambda s: SimpleNamespace(memory_per_device=xla[s], wire_bytes=0)  # noqa: E731
+    state, (note,) = _search_within_measure("a", measure_state, research, 610, None, ())
+    assert state == "c" and asked == [int(610 * 600 / 700)]  # one search: it fits nothing, its candidates measured
+    assert "no plan within it; its final candidates 620 B by XLA's measure" in note
+    assert note.endswith("kept 620 B (still over)")
+    with pytest.warns(UserWarning, match=r"kept the smallest XLA measured: 620 B \(540 B by the search's estimate\)"):
+        _warn_if_over(state, measure_state, 610, None, ())

@@ -258,3 +258,22 @@ def test_xla_decides_when_more_blocks_must_be_recomputed():
     state, note, _ = fit_by_measure(both, peak(both) + over - 1, lambda s: fake(s) if s is both else lean(s),
                                  fallbacks=[fallback])
     assert state is fallback and "another plan" in note and "within the budget" in note and "(plan 2 of 2" in note
+
+
+def test_a_traced_intermediate_of_no_like_shape_keeps_its_own_shape():
+    """ProgramBuilder.trace: a result whose shape no value of ``likes`` has is replicated with its
+    own shape (a flattened backward value, tying a parameter to the backward in a ZeRO-3 re-gather
+    experiment); before, it was recorded as a scalar, and pricing the program failed on the rank
+    mismatch (tile_order.disjoint_retile: zip() argument 2 is shorter than argument 1)."""
+    import jax.numpy as jnp
+
+    from automap.ir.build import ProgramBuilder
+    from automap.ir.lower import lower
+
+    program = lower(jax.make_jaxpr(lambda w, t: (w * 2, t + 1))(jnp.ones((4, 8)), jnp.ones((2, 3))),
+                    ["w", "t"], ["a", "b"])
+    w, t = program.inputs
+    builder = ProgramBuilder(program, "block")
+    builder.trace(lambda w, t: w + jax.lax.slice(t.reshape(-1), (0,), (1,)).reshape(()) * 0, [w, t], [t, w])
+    shapes = [builder.values[v].shape for op in builder.ops for v in op.outputs]
+    assert (6,) in shapes and (1,) in shapes and shapes[-1] == (4, 8)
