@@ -16,6 +16,7 @@ from automap.cost.combine import combine_groups, combined_kinds, latency_charges
 from automap.cost.flops import dot_flops, fused_op_bytes, op_flops
 from automap.cost.memory import MemoryEstimate, estimate_memory
 from automap.cost.topology import DeviceSpec, Topology
+from automap.cost.xla_cpu import computed_itemsize
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState
@@ -238,13 +239,20 @@ def _collective(r: Reshard, program: Program, axes: Mapping[str, int], topology:
     if r.reused or math.prod(axes[a] for a in r.axes) == 1:
         return None
     op = _ops_by_id(program)[r.op]
-    nbytes = r.bytes
+    value = program.values[r.value]
+    itemsize = value.itemsize
+    kind = r.kind
     if r.where == "result" and r.kind in ("all-reduce", "reduce-scatter"):  # partial sums, in the op's own dtype
-        dtype = program.values[r.value].dtype
-        nbytes = nbytes * traits_of(op.primitive).partial_itemsize_on(topology.platform, dtype) // dtype.itemsize
-    t = collective_time(r.kind, nbytes, r.axes, axes, topology) * r.count
-    sent = wire_bytes(r.kind, nbytes * r.count, r.group or group_size(r.axes, axes))
-    return Collective(r.kind, r.axes, nbytes, r.count, r.op, r.value, op.primitive, op.name, t, wire_bytes=sent)
+        traits = traits_of(op.primitive)
+        itemsize = traits.partial_itemsize_on(topology.platform, value.dtype)
+        if kind == "reduce-scatter" and not traits.scatters_partial_on(topology.platform, value.dtype):
+            kind = "all-reduce"  # then sliced
+    if topology.platform == "cpu":  # XLA:CPU moves bfloat16 intermediates as float32
+        itemsize = max(itemsize, computed_itemsize(value))
+    nbytes = r.bytes * itemsize // max(value.itemsize, 1)
+    t = collective_time(kind, nbytes, r.axes, axes, topology) * r.count
+    sent = wire_bytes(kind, nbytes * r.count, r.group or group_size(r.axes, axes))
+    return Collective(kind, r.axes, nbytes, r.count, r.op, r.value, op.primitive, op.name, t, wire_bytes=sent)
 
 
 def _combined(program: Program, kept: list[Reshard], collectives: list[Collective], axes: Mapping[str, int],

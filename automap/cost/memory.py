@@ -31,7 +31,8 @@ from automap.cost.schedule import breadth_first_starts, entry_order
 from automap.cost.unfused_operands import unfused_reduction_operands
 from automap.cost.unrolled import inline_unrolled_scans
 from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
-                                  recomputed_beside_dots, replaces_workspace, windowed_reductions)
+                                  computed_itemsize, recomputed_beside_dots, replaces_workspace, stored_in_f32,
+                                  windowed_reductions)
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -88,7 +89,7 @@ def temp_peak(
     ``body``: ``ops`` are a loop body, which XLA schedules otherwise (:func:`_reshard_spans`);
     ``platform``: what that platform's compiler adds (XLA:CPU: :func:`automap.cost.xla_cpu.cpu_spans`)."""
     cpu = platform == "cpu"
-    size = _sizer(state)
+    size = stored_in_f32(program, _sizer(state)) if cpu else _sizer(state)  # XLA:CPU computes bf16 in f32
     library = library_fused(program, ops, size) if cpu else frozenset()
     windowed = windowed_reductions(program, ops, state, library) if cpu else frozenset()
     live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu, library=library,
@@ -103,7 +104,7 @@ def temp_peak(
     early = {} if body or not cpu else program.memo_of(
         ops, ("breadth_first", tuple(outputs)), lambda: breadth_first_starts(ops, program.memo_of(
             ops, ("materialized", tuple(outputs)), lambda: frozenset(materialized(ops, outputs)))))
-    spans.extend(_reshard_spans(program, ops, index, reshards, body, moved, combined, early))
+    spans.extend(_reshard_spans(program, ops, index, reshards, body, moved, combined, early, widened=cpu))
     if cpu:
         in_place = () if body else _copied_in_place(program, ops, outputs)
         spans.extend(cpu_spans(program, ops, index, reshards, size, body, state, made, in_place, (combined, outputs)))
@@ -145,6 +146,7 @@ def temp_peak(
 def _reshard_spans(
     program: Program, ops: Sequence[Op], index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]],
     body: bool, moved: Mapping[int, int] = {}, combined: Mapping[int, int] = {}, early: Mapping[int, int] = {},
+    widened: bool = False,
 ) -> list[tuple[int, int, int]]:
     """(first, last, bytes) of the temporaries the reshards at ``ops`` make: a resharded operand
     from when its collective runs to its last use (XLA reshards it once and keeps it), the whole
@@ -166,25 +168,29 @@ def _reshard_spans(
     collective-permute of the shard, then the gather) and frees each step's operand as the next
     one is made: only the chain's last step is held until the op (held-out ``nn.ConvTranspose``
     under fsdp_tp: each reversed kernel's 3 KiB moved shard was counted next to its 12 KiB gather
-    through the forward).""" 
+    through the forward). ``widened``: half-precision copies at XLA:CPU's float32 bytes
+    (:func:`automap.cost.xla_cpu.computed_itemsize`).""" 
     copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
     passed: dict[tuple, bool] = {}  # key -> only ever a step before the last of an early chain
     made = _producers(program, ops)
     end = len(ops)  # in a body: the step after its last op
+    values = program.values
     for i, rs in sorted((index[op], rs) for op, rs in reshards.items() if op in index):  # in program order
         last = {r.value: r for r in rs if r.where == "operand"}
         for r in rs:
+            v = values[r.value]
+            nbytes = r.bytes * computed_itemsize(v) // max(v.itemsize, 1) if widened else r.bytes
             if r.where == "operand":
                 first = made.get(r.value, 0) if body else (
                     min(made[r.value] + 1, early.get(r.value, len(ops))) if r.value in made else 0)
-                got = copies.setdefault((r.value, r.kind, r.axes), [min(first, i), i, r.bytes])
+                got = copies.setdefault((r.value, r.kind, r.axes), [min(first, i), i, nbytes])
                 got[1] = i
                 key = (r.value, r.kind, r.axes)
                 passed[key] = passed.get(key, True) and r.value in early and last[r.value] is not r
             elif r.kind == "reduce-scatter":  # the partial result exists whole before it is scattered
-                copies[(r.value, r.kind, r.axes, i)] = [i, end if body else combined.get(i, i), r.bytes]
+                copies[(r.value, r.kind, r.axes, i)] = [i, end if body else combined.get(i, i), nbytes]
                 if body:
-                    copies[(r.value, r.kind, r.axes, i, "reduced")] = [end, end, r.bytes]
+                    copies[(r.value, r.kind, r.axes, i, "reduced")] = [end, end, nbytes]
     for got in (got for key, got in copies.items() if len(key) == 3 and got[1] in moved):  # a copy read last there
         got[1] = max(moved[got[1]], got[0])
     for key in (key for key, only in passed.items() if only):  # freed once the next step is made

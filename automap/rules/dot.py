@@ -81,7 +81,8 @@ def strength_reduced(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> b
     return all(n == 1 for n in free)
 
 
-@register("dot_general", traits=contraction(_dot_contracted, platform_upcast=CPU_BF16_IN_F32))
+@register("dot_general", traits=contraction(_dot_contracted, platform_upcast=CPU_BF16_IN_F32,
+                                            platform_unscattered=(("cpu", "bfloat16"),)))
 def _dot_general(ctx: RuleContext, *, dimension_numbers: Any, **_: Any) -> FactorRule:
     lhs, rhs = ctx.operands
     lterm, rterm, out = _dot_terms(lhs.ndim, rhs.ndim, dimension_numbers)

@@ -133,6 +133,23 @@ class Traits:
     # (platform, dtype, wider): that platform computes the op in ``wider`` where its result is
     # ``dtype`` (XLA:CPU upcasts bf16 contractions), so a partial result's sum moves ``wider``
     platform_upcast: tuple[tuple[str, str, str], ...] = ()
+    # (platform, dtype): a partial result of ``dtype`` wanted split is all-reduced there, then sliced
+    # (measured on XLA:CPU for a bf16 dot, whose kernel runs in f32 and converts back: presumably the
+    # convert between the sum and the slice hides the pair from its reduce-scatter creator; a bf16
+    # sum's partial result is reduce-scattered)
+    platform_unscattered: tuple[tuple[str, str], ...] = ()
+
+    def scatters_partial_on(self, platform: str | None, dtype: Any) -> bool:
+        """Whether a partial result of ``dtype`` wanted split is reduce-scattered on ``platform``
+        (else all-reduced whole, then sliced).
+
+        >>> import jax.numpy as jnp
+        >>> from automap.rules import traits_of
+        >>> t = traits_of("dot_general")
+        >>> t.scatters_partial_on("cpu", jnp.bfloat16), t.scatters_partial_on("cpu", jnp.float32)
+        (False, True)
+        """
+        return (platform, np.dtype(dtype).name) not in self.platform_unscattered
 
     def partial_itemsize_on(self, platform: str | None, dtype: Any) -> int:
         """Bytes per element of the op's partial results (summed across devices) on ``platform``.
@@ -272,7 +289,8 @@ from and its result written to memory, one FLOP per result element, not pinned."
 def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsFn | None = None,
                 platform_flops: tuple[tuple[str, FlopsFn], ...] = (),
                 platform_quadratic: tuple[tuple[str, Callable[..., int | None]], ...] = (),
-                platform_upcast: tuple[tuple[str, str, str], ...] = ()) -> Traits:
+                platform_upcast: tuple[tuple[str, str, str], ...] = (),
+                platform_unscattered: tuple[tuple[str, str], ...] = ()) -> Traits:
     """Traits of a contraction summing over ``dims(ctx, **params)`` of each operand: its own
     kernel, results pinned by emission, FLOPs ``2 * |result| * |contraction|`` unless given
     (``platform_flops``: what some platforms compile instead, :meth:`Traits.flops_on`).
@@ -286,7 +304,7 @@ def contraction(dims: DimsFn, *, kind: ContractionKind = "matmul", flops: FlopsF
     shape = Contraction(dims, kind)
     return Traits(flops or shape.flops, "kernel", "kernel", emit="pin", contraction=shape,
                   platform_flops=tuple(platform_flops), platform_quadratic=tuple(platform_quadratic),
-                  platform_upcast=tuple(platform_upcast))
+                  platform_upcast=tuple(platform_upcast), platform_unscattered=tuple(platform_unscattered))
 
 
 # ---------------------------------------------------------------------------------------------
