@@ -38,12 +38,12 @@ leave nothing to recompute that 20% would come from (forward residuals 0.7x and 
 parameters). With its ``nnx.remat`` kept, nnx_scan_long has none either (2.3 MiB against 1.8):
 the user's remat already recomputes the whole block and fsdp splits the attention scores over
 all 8 devices. Activations against parameters (the forward scan's stacked residuals / the
-parameters' bytes): eqx_scan_long 943x (52.9 MB / 56 KB), nnx_scan_long ~10x with the user's
-remat (its forward keeps only the carry), eqx_scan 12.4x, nnx_scan 1.2x, linen_mixer_scan 0.7x.
+parameters' bytes): eqx_scan_long 943x (52.9 MB / 56 KB), nnx_scan_long 927x (10x with the
+user's remat: its forward keeps only the carry), eqx_scan 12.4x, nnx_scan 1.2x, linen_mixer_scan 0.7x.
 
 eqx_scan_long's recomputing plan was estimated 2.66x XLA's memory (6,758,712 B against 2,544,524)
-before a scan operand the body never reads held no memory (:func:`automap.cost.memory.
-unread_loop_operands`): JAX hoists the masking splat of ``jnp.where(mask, s, finfo.min)`` (a
+before a scan operand the body never reads held no memory (:attr:`automap.ir.program.Op.
+unread_operands`): JAX hoists the masking splat of ``jnp.where(mask, s, finfo.min)`` (a
 loop-invariant residual, f32[16, 4, 128, 128], 4 MiB replicated) out of the forward scan and
 passes it to the backward scan, whose body does not read it; XLA drops it from the loop state.
 The estimate now lets the search keep the weight matmuls (selective recomputation) where it

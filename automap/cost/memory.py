@@ -67,36 +67,9 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
         elif traits.expensive:
             keep.update(v for v in op.outputs if readers[v] > 1)
         if traits.reads_memory or op.regions:
-            unread = unread_loop_operands(op)
+            unread = op.unread_operands
             keep.update(v for v in op.inputs if v not in unread)
     return keep
-
-
-def unread_loop_operands(op: Op) -> frozenset[int]:
-    """The operands of a ``scan`` that its body never reads (constants or stacked inputs whose
-    body input no body op nor body output reads; a value passed twice counts only if no copy is
-    read): XLA's while-loop simplifier drops such an element of the loop state, and then the value
-    that only fed it. JAX leaves them in a scan's gradient: a loop-invariant residual hoisted out of
-    the forward scan (``jnp.where(mask, s, finfo.min)``'s splat, f32[batch, heads, seq, seq] in
-    equinox's attention) that the backward scan is passed but does not read.
-
-    >>> import jax, jax.numpy as jnp
-    >>> from automap.ir.lower import lower
-    >>> mask = jnp.tril(jnp.ones((4, 4), bool))
-    >>> def loss(ws, x):
-    ...     layer = lambda h, w: (jax.nn.softmax(jnp.where(mask, h @ w @ h.T, -1e9)) @ h, None)
-    ...     return jax.lax.scan(layer, x, ws)[0].sum()
-    >>> prog = lower(jax.make_jaxpr(jax.grad(loss))(jnp.ones((2, 3, 3)), jnp.ones((4, 3))), ["ws", "x"], ["g"])
-    >>> [[prog.values[v].shape for v in unread_loop_operands(op)] for op in prog.ops if op.primitive == "scan"]
-    [[], [(4, 4)]]
-    """
-    if op.primitive != "scan":
-        return frozenset()
-    (body,) = op.regions
-    nc, nk = op.params["num_consts"], op.params["num_carry"]
-    read = set(body.outputs) | _reads(body.ops)  # nested bodies' reads included
-    unread = {v for k, (v, inner) in enumerate(zip(op.inputs, body.inputs)) if not nc <= k < nc + nk and inner not in read}
-    return frozenset(unread - {v for v, inner in zip(op.inputs, body.inputs) if inner in read})
 
 
 def temp_peak(
@@ -286,7 +259,7 @@ def _liveness(
             if v in keep and v not in out_set and v not in start:
                 start[v] = i
         copied = conv_layout_copies(op)[:2] if conv_copies else ()
-        unread = unread_loop_operands(op) if op.regions else frozenset()
+        unread = op.unread_operands if op.regions else frozenset()
         for k, v in enumerate(op.inputs):
             if (not (k < len(copied) and copied[k]) or v in own_copies) and v not in unread:
                 end[v] = i

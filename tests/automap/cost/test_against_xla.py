@@ -1700,8 +1700,6 @@ def test_a_loop_operand_its_body_never_reads_holds_no_memory():
     it from the loop's state and never makes it; the estimate held it from its broadcast to the
     backward loop (1.18x XLA's memory here; the held-out equinox scanned attention on tokens
     (16, 128): a replicated f32[16, 4, 128, 128], 4 MiB of a 2.4 MiB program)."""
-    from automap.cost.memory import unread_loop_operands
-
     mask = jnp.tril(jnp.ones((64, 64), bool))
 
     def loss(ws, x):
@@ -1714,5 +1712,5 @@ def test_a_loop_operand_its_body_never_reads_holds_no_memory():
     state, xla = _laid_out_as_xla_lays_it_out(jax.grad(loss), [jnp.ones((2, 8, 8)), jnp.ones((8, 64, 8))],
                                               [P(), P("data"), P()])
     backward = [op for op in state.program.ops if op.primitive == "scan"][1]
-    assert [state.program.values[v].shape for v in unread_loop_operands(backward)] == [(8, 64, 64)]
+    assert [state.program.values[v].shape for v in backward.unread_operands] == [(8, 64, 64)]
     assert abs(estimate_memory(state, platform="cpu").peak / xla.memory_per_device - 1) < 0.1
