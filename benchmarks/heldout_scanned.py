@@ -15,7 +15,8 @@ tokens (8, 16) of vocab 64, width 32, 8 classes, AdamW via the zoo's train step.
 ``eqx_scan_long`` and ``nnx_scan_long`` are the same models on a long sequence of a large batch at
 a small width (tokens (16, 128), width 16, 4 layers), so that the activations the backward reads
 outweigh the parameters, as in a real training run: the case for recomputation
-(``benchmarks/remat.py --workload``). dm-haiku is not a project dependency: ``pip install dm-haiku``
+(``benchmarks/remat.py --workload``); nnx_scan_long runs its blocks without ``nnx.remat``,
+``nnx_scan_long_remat`` with it. dm-haiku is not a project dependency: ``pip install dm-haiku``
 to run ``hk_layer_stack``.
 
     python benchmarks/fidelity.py --episodes 16 --workload benchmarks/heldout_scanned.py:linen_mixer_scan
@@ -24,9 +25,15 @@ to run ``hk_layer_stack``.
 Measured on jax 0.10.2, flax 0.12.8, equinox 0.13.8, dm-haiku 0.0.17, mesh 2x4, 16 episodes, one
 workload per run (32 plans): no plan fails and no primitive lacks a rule; bytes sent, memory and
 dot FLOPs outside target in 0 / 0 / 0; jit parity 0 of 12, the default dominated in 0 of 12
-(estimate / XLA: bytes 0.98-1.01, memory 0.95-1.14, FLOPs 1.00). Mesh 4x2, eqx_scan: 0 / 0 / 0
-(memory 0.88-1.05). Estimate-only plans of nnx_scan_long with the ``nnx.remat``: data_parallel,
-megatron_dp, fsdp, fsdp_tp memory 1.20, 1.24, 1.00, 1.26 (bytes and FLOPs within).
+(estimate / XLA: bytes 0.98-1.01, memory 0.88-1.14, FLOPs 1.00; linen_mixer_scan and nnx_scan
+measured before the fix below, eqx_scan and hk_layer_stack again after it: their tactic plans'
+memory 0.88-0.98 and 0.91-0.99, was 0.95-1.03 and 0.97-1.04). Mesh 4x2, eqx_scan: 0 / 0 / 0
+(memory 0.88-1.05). nnx_scan_long_remat (nnx_scan_long with its ``nnx.remat``), the four tactic
+plans: data_parallel, megatron_dp, fsdp, fsdp_tp memory 1.20, 1.24, 1.00, 1.26 (bytes and FLOPs
+within), left as it is: under data_parallel the backward scan's body (the user's recomputation,
+then the block's backward) peaks at 8,876,032 B by estimate, 4.2 of the f32[8, 4, 128, 128]
+attention-score buffers a device holds (2 MiB each), where XLA's whole temp is 7,679,704 B.
+eqx_scan_long and nnx_scan_long, the four tactic plans: memory 0.97-0.99, bytes 1.00-1.04.
 
 ``remat.py`` (budget 0.8x the smallest XLA-measured expert plan): eqx_scan_long fits, 0.401x the
 budget by XLA's measure (2,740,108 B; estimated 3,325,656 B), recomputing the scan body
@@ -35,7 +42,7 @@ B), loss equal; eqx_scan 0.632x and hk_layer_stack 0.804x fit (selective recompu
 equal); linen_mixer_scan and nnx_scan find no plan (``MemoryBudgetError``: 118.7 KiB explored
 against 99.5 KiB, 222.0 against 190.4): on those two the state and the user's own ``remat``
 leave nothing to recompute that 20% would come from (forward residuals 0.7x and 1.2x the
-parameters). With its ``nnx.remat`` kept, nnx_scan_long has none either (2.3 MiB against 1.8):
+parameters). nnx_scan_long_remat has none either (2.3 MiB against 1.8):
 the user's remat already recomputes the whole block and fsdp splits the attention scores over
 all 8 devices. Activations against parameters (the forward scan's stacked residuals / the
 parameters' bytes): eqx_scan_long 943x (52.9 MB / 56 KB), nnx_scan_long 927x (10x with the
@@ -294,3 +301,8 @@ def hk_layer_stack():
     shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((SMALL["batch"], SMALL["seq"]), jnp.int32))
     return _token_workload("hk_layer_stack", SMALL, lambda p, b: _xent(model.apply(p, None, b["tokens"]), b),
                            lambda: shapes)
+
+
+def nnx_scan_long_remat():
+    """``nnx_scan_long`` with its ``nnx.remat`` (the user's full recomputation of each block): ``fidelity.py --workload benchmarks/heldout_scanned.py:nnx_scan_long_remat``."""
+    return _nnx_scan("nnx_scan_long_remat", LONG)
