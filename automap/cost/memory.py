@@ -68,7 +68,8 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
         elif traits.expensive:
             keep.update(v for v in op.outputs if readers[v] > 1)
         if traits.reads_memory or op.regions:
-            keep.update(op.inputs)
+            unread = op.unread_operands
+            keep.update(v for v in op.inputs if v not in unread)
     return keep
 
 
@@ -264,8 +265,9 @@ def _liveness(
             if v in keep and v not in out_set and v not in start:
                 start[v] = i
         copied = conv_layout_copies(op)[:2] if conv_copies else ()
+        unread = op.unread_operands if op.regions else frozenset()
         for k, v in enumerate(op.inputs):
-            if not (k < len(copied) and copied[k]) or v in own_copies:
+            if (not (k < len(copied) and copied[k]) or v in own_copies) and v not in unread:
                 end[v] = i
         for region in op.regions:  # outer values read inside the body stay live for the whole op
             for inner in _reads(region.ops):

@@ -103,6 +103,41 @@ class Op:
             return self.regions[1].inputs[: self.params["body_nconsts"]]
         return ()
 
+    @functools.cached_property
+    def unread_operands(self) -> frozenset[int]:
+        """The operands of a ``scan`` that its body never reads (constants or stacked inputs whose
+        body input no body op, nested ones included, nor body output reads; a value passed twice
+        counts only if no copy is read): XLA's while-loop simplifier drops such an element of the
+        loop state, and then the value that only fed it (the memory estimate holds no buffer for
+        it). JAX leaves them in a scan's gradient: a loop-invariant residual hoisted out of the
+        forward scan (``jnp.where(mask, s, finfo.min)``'s splat, f32[batch, heads, seq, seq] in
+        equinox's attention) that the backward scan is passed but does not read. Empty for any
+        other op.
+
+        >>> import jax, jax.numpy as jnp
+        >>> from automap.ir.lower import lower
+        >>> mask = jnp.tril(jnp.ones((4, 4), bool))
+        >>> def loss(ws, x):
+        ...     layer = lambda h, w: (jax.nn.softmax(jnp.where(mask, h @ w @ h.T, -1e9)) @ h, None)
+        ...     return jax.lax.scan(layer, x, ws)[0].sum()
+        >>> prog = lower(jax.make_jaxpr(jax.grad(loss))(jnp.ones((2, 3, 3)), jnp.ones((4, 3))), ["ws", "x"], ["g"])
+        >>> [[prog.values[v].shape for v in op.unread_operands] for op in prog.ops if op.primitive == "scan"]
+        [[], [(4, 4)]]
+        """
+        if self.primitive != "scan":
+            return frozenset()
+        (body,) = self.regions
+        nc, nk = self.params["num_consts"], self.params["num_carry"]
+        read = set(body.outputs)
+        stack = list(body.ops)
+        while stack:
+            op = stack.pop()
+            read.update(op.inputs)
+            stack.extend(o for r in op.regions for o in r.ops)
+        pairs = list(zip(self.inputs, body.inputs))
+        unread = {v for k, (v, inner) in enumerate(pairs) if not nc <= k < nc + nk and inner not in read}
+        return frozenset(unread - {v for v, inner in pairs if inner in read})
+
     def loop_backedges(self) -> dict[int, int]:
         """Region input -> the body output fed back into it on the next trip, for the carries of a
         ``scan``/``while`` (``{}`` for any other op).

@@ -1809,3 +1809,26 @@ def test_bfloat16_collectives_move_float32_bytes_on_cpu(fn, out_spec, before):
     assert sorted((c.kind, c.bytes) for c in est.collectives) == sorted((op.kind, op.bytes) for op in xla.ops)
     assert est.wire_bytes == xla.wire_bytes
     assert before is None or before != xla.wire_bytes
+
+
+def test_a_loop_operand_its_body_never_reads_holds_no_memory():
+    """The gradient of a scan over attention layers masked by ``jnp.where(mask, s, finfo.min)``:
+    JAX hoists the splat, a loop-invariant residual f32[8, 64, 64], out of the forward scan and
+    passes it to the backward scan, whose body never reads it. XLA's while-loop simplifier drops
+    it from the loop's state and never makes it; the estimate held it from its broadcast to the
+    backward loop (1.18x XLA's memory here; the held-out equinox scanned attention on tokens
+    (16, 128): a replicated f32[16, 4, 128, 128], 4 MiB of a 2.4 MiB program)."""
+    mask = jnp.tril(jnp.ones((64, 64), bool))
+
+    def loss(ws, x):
+        def layer(h, w):
+            s = jnp.where(mask, jnp.einsum("btd,bsd->bts", h @ w, h), jnp.finfo(jnp.float32).min)
+            return jax.nn.softmax(s) @ h, None
+
+        return jax.lax.scan(layer, x, ws)[0].sum()
+
+    state, xla = _laid_out_as_xla_lays_it_out(jax.grad(loss), [jnp.ones((2, 8, 8)), jnp.ones((8, 64, 8))],
+                                              [P(), P("data"), P()])
+    backward = [op for op in state.program.ops if op.primitive == "scan"][1]
+    assert [state.program.values[v].shape for v in backward.unread_operands] == [(8, 64, 64)]
+    assert abs(estimate_memory(state, platform="cpu").peak / xla.memory_per_device - 1) < 0.1
