@@ -30,7 +30,7 @@ memory outside 25% in 2, dot FLOPs outside 5% in 0; jit parity 0 of 18, the defa
   bf16 activations, half the size, also fitted into the f32 parameters' output buffers: temp
   17.8 KiB against XLA's 153 KiB), a bf16 copy of a f32 parameter is gathered as the f32
   parameter, and a bf16 dot's partial sum wanted split is all-reduced whole in f32, then sliced
-  (:func:`automap.cost.xla_cpu.computed_itemsize`, ``Traits.platform_unscattered``). With the
+  (:func:`automap.cost.cpu_float32.computed_itemsize`, ``Traits.platform_unscattered``). With the
   first two alone, manual_fsdp bytes 0.73. Its default plan changed with the estimate: XLA's
   bytes sent 88.0 -> 72.9 KiB, memory 374.8 -> 207.3 KiB.
 - router manual_fsdp bytes 0.67 (left): the expert einsums' weights are split on their hidden

@@ -16,7 +16,7 @@ from automap.cost.combine import combine_groups, combined_kinds, latency_charges
 from automap.cost.flops import dot_flops, fused_op_bytes, op_flops
 from automap.cost.memory import MemoryEstimate, estimate_memory
 from automap.cost.topology import DeviceSpec, Topology
-from automap.cost.xla_cpu import computed_itemsize
+from automap.cost.cpu_float32 import computed_itemsize
 from automap.ir.program import Op, Program
 from automap.rules import traits_of
 from automap.shardings import ShardingState

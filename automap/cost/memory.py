@@ -30,9 +30,9 @@ from automap.cost.flops import context
 from automap.cost.schedule import breadth_first_starts, entry_order
 from automap.cost.unfused_operands import unfused_reduction_operands
 from automap.cost.unrolled import inline_unrolled_scans
+from automap.cost.cpu_float32 import computed_itemsize, stored_in_f32
 from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
-                                  computed_itemsize, recomputed_beside_dots, replaces_workspace, stored_in_f32,
-                                  windowed_reductions)
+                                  recomputed_beside_dots, replaces_workspace, windowed_reductions)
 from automap.ir.program import Op, Program
 from automap.propagate import Reshard
 from automap.propagate import reshards as all_reshards
@@ -170,7 +170,7 @@ def _reshard_spans(
     one is made: only the chain's last step is held until the op (held-out ``nn.ConvTranspose``
     under fsdp_tp: each reversed kernel's 3 KiB moved shard was counted next to its 12 KiB gather
     through the forward). ``widened``: half-precision copies at XLA:CPU's float32 bytes
-    (:func:`automap.cost.xla_cpu.computed_itemsize`).""" 
+    (:func:`automap.cost.cpu_float32.computed_itemsize`).""" 
     copies: dict[tuple, list[int]] = {}  # (value, kind, axes) -> [first, last, bytes]
     passed: dict[tuple, bool] = {}  # key -> only ever a step before the last of an early chain
     made = _producers(program, ops)
