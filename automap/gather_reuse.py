@@ -11,7 +11,7 @@ from __future__ import annotations
 from automap.contraction_layouts import CONTRACTIONS, Templates, shared_sums
 from automap.factors import Axes
 from automap.ir.program import Op
-from automap.whole_gathers import grouped_sum_gathers
+from automap.whole_gathers import summed_whole_in_groups
 
 
 def gathered_apart(op: Op, templates: Templates, state=None) -> int | None:
@@ -24,7 +24,9 @@ def gathered_apart(op: Op, templates: Templates, state=None) -> int | None:
     4x2, 2x4 and 2x2, the input's batch on 'data' and its features on 'model', the kernel's
     (or ``w``'s) on ('data', 'model'): the forward gathers both operands, the gradient the input
     again; XLA reused the input's first gather on 5 of 16 shapes, exactly those where it is the
-    smaller operand (a ResNet's FSDP plan on 2x4: the estimate had assumed it reused).
+    smaller operand (a ResNet's FSDP plan on 2x4: the estimate had assumed it reused). Given the
+    op's ``state``, None where the dot gathers its operands for groups of devices and sums whole
+    (:func:`automap.whole_gathers.summed_whole_in_groups`): the partner's whole gather is shared.
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.analysis import op_analyses
@@ -45,7 +47,7 @@ def gathered_apart(op: Op, templates: Templates, state=None) -> int | None:
     gathers = [(nbytes, pos) for pos, kind, _, nbytes, where, *_ in templates if kind == "all-gather" and where == "operand"]
     if len(gathers) != 2 or gathers[0][1] == gathers[1][1]:
         return None
-    if state is not None and grouped_sum_gathers(op, state, {}, lambda *_: ()) is not None:
+    if state is not None and summed_whole_in_groups(op, state) is not None:
         return None
     return max(gathers)[1] if gathers[0][0] != gathers[1][0] else gathers[0][1]
 

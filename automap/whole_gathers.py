@@ -118,6 +118,25 @@ def grouped_sum_gathers(op: Op, state, fax: dict[int, Axes], templates_of) -> tu
     >>> [(r.kind, r.axes, r.bytes) for r in reshards(state.replace(specs=specs))]  # w gathered, no sum
     [('all-gather', ('model',), 1024)]
     """
+    free = summed_whole_in_groups(op, state)
+    return None if free is None else (free, templates_of(op, state, free))
+
+
+def summed_whole_in_groups(op: Op, state) -> dict[int, Axes] | None:
+    """The free factor -> axes XLA's dot partitioner groups ``op``'s devices by, where it gathers
+    the operand split on the sum and runs the sum whole in each group (the case of
+    :func:`grouped_sum_gathers`, whose estimate it is); None where it does not.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> f = lambda w, x: jnp.einsum("il,jkl->ijk", w, x)
+    >>> prog = lower(jax.make_jaxpr(f)(jnp.ones((32, 32)), jnp.ones((8, 16, 32))), ["w", "x"], ["y"])
+    >>> (w, x), (y,) = prog.inputs, prog.outputs
+    >>> specs = {w: (("data",), ("model",)), x: ((), (), ()), y: (("data",), (), ())}
+    >>> summed_whole_in_groups(prog.ops[0], ShardingState.initial(prog, {"data": 4, "model": 2}).replace(specs=specs))
+    {0: ('data',)}
+    """
     got = grouped_partner(op, state)
     if got is None:
         return None
@@ -133,7 +152,7 @@ def grouped_sum_gathers(op: Op, state, fax: dict[int, Axes], templates_of) -> tu
         return None  # the result split within the group
     if math.prod(state.program.values[split].shape) > math.prod(state.program.values[out].shape):
         return None  # partial results summed, as the solution has it
-    return free, templates_of(op, state, free)
+    return free
 
 
 def grouped_partner(op: Op, state) -> tuple[int, dict[int, Axes]] | None:

@@ -20,7 +20,14 @@ def computed_itemsize(value) -> int:
     makes (its float normalization computes bfloat16 ops in float32, and its simplifier drops
     the converts between them; a bf16 MLP's activations compile to
     ``f32[64,128]`` fusions, a bf16 copy of a f32 parameter is gathered as the f32 parameter);
-    inputs and outputs keep their dtype."""
+    inputs keep their dtype (the memory estimate sizes the program's outputs at theirs apart).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> prog = lower(jax.make_jaxpr(lambda x: jnp.tanh(x) * 2)(jnp.ones(8, jnp.bfloat16)), ["x"], ["y"])
+    >>> computed_itemsize(prog.values[0]), computed_itemsize(prog.values[1])  # the bf16 input, tanh's result
+    (2, 4)
+    """
     wide = value.kind == "intermediate" and value.dtype.name in F32_COMPUTED
     return 4 if wide else value.itemsize
 
