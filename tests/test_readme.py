@@ -20,7 +20,9 @@ def test_the_first_snippet_runs_verbatim(tmp_path):
     assert "xla_force_host_platform_device_count=8" in snippet.splitlines()[1]
     script = tmp_path / "snippet.py"
     script.write_text(snippet)
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the snippet sets it itself
+    # the snippet's own flags (it sets them with setdefault), plus the suite's codegen flag (conftest.py)
+    (flags,) = re.findall(r'os\.environ\.setdefault\("XLA_FLAGS", "([^"]*)"\)', snippet.splitlines()[1])
+    env = dict(os.environ, XLA_FLAGS=flags + " --xla_backend_optimization_level=0")
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600,
                          cwd=tmp_path)

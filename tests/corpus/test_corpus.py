@@ -65,8 +65,10 @@ def _reference(name):
     return jax.jit(w.train_step).lower(state, batch).compile(FAST)(state, batch)
 
 
+@functools.cache
 def _plan(name, plan_name):
-    """(the Partitioned step, its plan, plan seconds); a MissingRuleWarning is an error."""
+    """(the Partitioned step, its plan, plan seconds); a MissingRuleWarning is an error. Planned
+    once per module run: both tests read the tactics plans."""
     w, (state, batch) = _workload(name)
     step = automap.automap(w.train_step, mesh=MESH, **PLANS[plan_name])
     with warnings.catch_warnings():
