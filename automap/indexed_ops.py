@@ -9,13 +9,18 @@ indices, the updates and the lookups. XLA (jax 0.10.2, Shardy) tries each way to
 op on its own and takes the one whose largest buffer (operands and result of the op or of one
 of its collectives, per device) is smallest, then the one moving fewest bytes
 (``GatherPartitionMethodsOrderedByCost`` in its ``gather_scatter_handler``; :func:`xla_cost`).
+Where its ranking of the ways, each dry-run alone, puts the indices' split first
+(:func:`automap.xla_indexed_ranking.first_way`), it runs along all the indices' axes, none kept
+on a passed-through dim, whatever the solution's way costs.
 Run along the indices (measured on 8 CPU devices, mesh 2x4, a (64, 32) table, 256 indices):
 
 - the index-parallel factors take the indices' axes (extended by the lookup's result, or the
   scatter's updates, where they split them further); the table loses them, but for the axes it
-  holds on a dim the lookup (the updates) keeps and holds there too: XLA partitions an axis at a
-  time, and such an axis passes through, the indices gathered over it (an FSDP embedding whose
-  table and lookups have their features on 'model' and the tokens their batch on both axes);
+  holds on a dim the lookup (the updates) keeps and holds there too, where XLA ranks that split
+  (operand passthrough) first: XLA partitions an axis at a time, and such an axis passes
+  through, the indices gathered over it (an FSDP embedding whose table and lookups have their
+  features on 'model' and the tokens their batch on both axes, mesh 2x4; on 4x2 the tokens'
+  split ranks first and 'model' moves onto the lookups' batch);
 - with no mesh axis left idle, the table is all-gathered over those axes (a gather's table, a
   scatter-add's operand unless it is a broadcast of a scalar, which XLA makes in any layout) and
   a scatter-add's partial result is reduce-scattered (or all-reduced) into place;
@@ -39,6 +44,7 @@ from typing import Callable, Mapping
 
 from automap.factors import Axes, compose_dim, split_dim
 from automap.ir.program import Op, Program
+from automap.xla_indexed_ranking import first_way
 
 INDEXED = frozenset({"gather", "scatter-add", "scatter_add"})
 
@@ -74,9 +80,11 @@ def indices_first(op: Op, state, fax: dict[int, Axes], planned: Templates,
         op.linked_outputs[0], rule.results[0])
     passed = {f for fs in partner[1] for f in fs}  # the table's dims the lookup (the updates) keep
     # XLA partitions an axis at a time: an axis the table and the lookup (the updates) both hold on
-    # a dim passed through stays there, and the indices are gathered over it
-    through = {a for f, axes in _factor_axes(op, state, *partner).items() if f in passed
-               for a in set(axes) & set(fax.get(f, ()))}
+    # a dim passed through stays there, and the indices are gathered over it, unless XLA ranks the
+    # indices' split first (then it takes all their axes)
+    along_indices = first_way(op, state) == "indices"  # XLA's first way takes every axis of the indices
+    through = set() if along_indices else {
+        a for f, axes in _factor_axes(op, state, *partner).items() if f in passed for a in set(axes) & set(fax.get(f, ()))}
     want: dict[int, Axes] = {}
     for vid, dims in ((op.linked_inputs[1], rule.operands[1]), partner):
         for f, got in _factor_axes(op, state, vid, dims).items():
@@ -102,7 +110,7 @@ def indices_first(op: Op, state, fax: dict[int, Axes], planned: Templates,
     else:
         out = _moved_to_idle(op, state, fax, alt, indexed[0], idle, taken, free_table, templates)
     # XLA ranks each way on its own, the rest of the op replicated: along the indices, the table whole
-    if xla_cost(op, state, alone, templates(op, state, alone)) < xla_cost(op, state, fax, planned):
+    if along_indices or xla_cost(op, state, alone, templates(op, state, alone)) < xla_cost(op, state, fax, planned):
         return alt, out
     return None
 
