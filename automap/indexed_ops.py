@@ -68,8 +68,6 @@ def indices_first(op: Op, state, fax: dict[int, Axes], planned: Templates,
         return None
     rule, sizes = op.rule, state.axes
     scatter = op.primitive != "gather"
-    if not scatter and _scalar_broadcast(state.program, op.linked_inputs[0]):
-        return _made_whole(op, state, fax, planned, templates)
     index_factors = {f for fs in rule.operands[1] for f in fs}
     # the indices' split, extended by the lookup's result (the scatter's updates) where it goes further
     partner = (op.linked_inputs[2], rule.operands[2]) if scatter and len(op.linked_inputs) > 2 else (
@@ -109,13 +107,16 @@ def indices_first(op: Op, state, fax: dict[int, Axes], planned: Templates,
     return None
 
 
-def _made_whole(op: Op, state, fax: dict[int, Axes], planned: Templates,
-                templates: Callable) -> tuple[dict, Templates] | None:
-    """A lookup in a broadcast of a scalar (segment_max's initial table): XLA makes the table
+def made_whole(op: Op, state, fax: dict[int, Axes], planned: Templates,
+               templates: Callable) -> tuple[dict, Templates] | None:
+    """(factor axes, reshard templates) of a lookup in a broadcast of a scalar (segment_max's initial table): XLA makes the table
     whole on every device, so the lookup runs without its indexed dims' axes, masks and all-reduce
     (measured on 8 CPU devices: a (64, 32) table split on 'data' by another user, 256 indices
     whole: nothing sent, where the solution's masked lookup all-reduced 32 KiB); the table moves
-    nothing. None where the solution's way (``fax``, reshards ``planned``) is that already."""
+    nothing. None where the op is no such lookup, or where the solution's way (``fax``, reshards
+    ``planned``) is that already."""
+    if op.primitive != "gather" or not _scalar_broadcast(state.program, op.linked_inputs[0]):
+        return None
     kept = {f for fs in op.rule.results[0] for f in fs} | {f for fs in op.rule.operands[1] for f in fs}
     alt = {f: axes for f, axes in fax.items() if f in kept}
     out = tuple(t for t in (planned if alt == fax else templates(op, state, alt)) if t[0] != 0)
