@@ -21,6 +21,66 @@ recurrentgemma, penzai).
 
     python benchmarks/fidelity.py --episodes 16 --workload benchmarks/heldout_graph_rec.py:jraph_gnn \\
         --workload benchmarks/heldout_graph_rec.py:griffin --workload benchmarks/heldout_graph_rec.py:penzai_lm
+
+All three import and run on jax 0.10.2 (jraph 0.0.6.dev0, recurrentgemma 1.0.1, penzai 0.2.5);
+none crashed, every primitive has a factor rule, every plan compiled and ran. Measured one
+workload per run, mesh 2x4 (24 plans) unless said:
+
+- griffin: bytes sent 0.98-1.01, memory 0.92-1.06, dot FLOPs 1.00 on all 8 plans; jit parity 0
+  of 3 (manual_fsdp 0.77 / 0.90 of jax.jit's), dominated 0 of 3.
+- penzai_lm: bytes sent 1.00-1.01, memory 0.86-1.04, dot FLOPs 1.00 on all 8; parity 0 of 3,
+  dominated 0 of 3. Mesh 4x2 (``--mesh 4x2``): bytes 1.00-1.02, memory 0.96-1.08, FLOPs 1.00;
+  parity 0 of 3, dominated 0 of 3.
+- jraph_gnn: bytes sent outside 10% in 3 of 8 (fsdp 0.89, fsdp_tp 0.88, manual_dp 1.22), memory
+  outside 25% in 1 (megatron_dp 1.31), dot FLOPs outside 5% in 1 (megatron_dp 1.35); parity 0 of
+  3, dominated 0 of 3. Before the two fixes below: 4 / 2 / 1 (data_parallel bytes 1.20,
+  fsdp_tp 0.88, manual_dp 1.28, manual_megatron_dp 1.15; default memory 1.30, megatron_dp 1.37;
+  fsdp's bytes were 0.92: the masked lookups' all-reduces it no longer counts had offset the
+  collective-permutes XLA sends for ``split`` pieces there, 88 KiB, that it does not).
+
+griffin and penzai_lm were measured before those fixes; neither has a lookup in a broadcast scalar
+(the only ops they change), so their figures stand. Fixed on the way, both general:
+
+- jraph_gnn data_parallel bytes sent 1.20 -> 1.00: ``segment_max`` (``jraph.segment_max_or_constant``,
+  the GAT's ``segment_softmax``) starts from a table broadcast from -inf, and its gradient looks
+  up that table at the indices. With the table laid out on 'data' (the nodes' split, from the
+  ``scatter-max`` it feeds) the estimate ran the lookup masked and all-reduced its (256, 32)
+  result (2 x 32 KiB); XLA makes the broadcast whole on each device and sends nothing
+  (:func:`automap.indexed_ops.made_whole`; the lookup's analysis is taken apart from the factor
+  solution it shares with lookups of the same rule, which are masked: a first try cached on that
+  solution never reached these lookups).
+- jraph_gnn default memory 1.30 -> 1.23, and the lookup of a broadcast scalar holds no buffer: XLA's
+  simplifier turns it into the broadcast (:func:`automap.cost.memory.scalar_broadcasts`;
+  ``grad`` of ``segment_max`` alone: 1.97 -> 1.76 of XLA's memory).
+
+Left (diagnosed, not fixed):
+
+- jraph_gnn megatron_dp dot FLOPs 1.35, memory 1.37: megatron splits node_out's 32 features
+  over 'model' (4); the MLP inputs are concatenations of 4 + 32 + 32 + 2 = 70 (98, 66) features.
+  automap's ``concatenate`` rule makes the joined dim a permutation factor of the pieces' gcd
+  (2), so the layout gives it ``"model":(1)2`` and the dots run on 35 of 70 features; Shardy's
+  factor is the result dim (70), minor-most, which takes any axes padded
+  (``compatiblePrefixNoConflictsWithinFactor``: no divisibility check for a minor-most factor),
+  and XLA runs them on 18 of 72 (``f32[256,18]``). Following it needs non-divisible (padded)
+  splits in the layout, the analysis and the estimate (``ShardingState`` refuses them); tried
+  in ``xla_layout`` alone, the analysis then gathered the dot's operand (``split_dim`` keeps
+  divisible axes only): dropped.
+- jraph_gnn default memory 1.23 (was 1.30): the rest is XLA:CPU fusing a lookup into its one
+  loop-fusion reader (the counts and the cotangent gathered in ``segment_max``'s gradient),
+  which the estimate holds as buffers (``gather`` is materializing): changing that moves every
+  embedding lookup's estimate, not measured here.
+- jraph_gnn fsdp 0.89, fsdp_tp 0.88 bytes sent (collective-permutes XLA sends for the pieces of
+  ``split`` under FSDP, 77-88 KiB, that the estimate does not have), manual_dp 1.22 (all-reduces of
+  scatter-adds and lookups on split node tables: the estimate 27 x 190 KiB, XLA 11 x 163 KiB):
+  not diagnosed further.
+
+Recomputation (issue 21), ``python benchmarks/remat.py --workload benchmarks/heldout_graph_rec.py:griffin``:
+no plan: ``MemoryBudgetError`` under the budget of 311.5 KiB per device (0.8x the smallest expert
+plan's XLA-measured memory, so that is 389.4 KiB); the smallest peak the search explored was
+332.0 KiB by estimate (recomputing blocks or forward segments did not fit either), and the
+smallest XLA measured among its final candidates 386.6 KiB (355.7 KiB by estimate): 0.99x the
+smallest expert, 1.24x the budget. As on the other one-block-wide held-out models, the undonated
+state in and out (parameters and Adam moments, 3 blocks of width 32) is much of the peak.
 """
 import jax
 import jax.numpy as jnp
