@@ -21,7 +21,7 @@ from typing import Iterable, Literal, Sequence
 from automap.factors import Axes, compose_dim, compose_spec, solution, solve_factors
 from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
 from automap.gather_reuse import gathered_apart, grouped_on_the_sum
-from automap.indexed_ops import INDEXED, indices_first
+from automap.indexed_ops import INDEXED, indices_first, made_whole
 from automap.ir.program import Op, Program
 from automap.loop_invariants import loop_invariants
 from automap.merged_slices import sliced_further, sliced_once
@@ -122,6 +122,10 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
             fax, templates, detour = as_xla_contracts(op, state, fax, templates, _templates)
         pieces = math.prod(sizes[a] for ax in fax.values() for a in ax) * detour
         got = sol.analysis = (fax, templates, pieces)
+    if op.primitive == "gather":  # a lookup in a broadcast scalar: not the solution's (shared by ops of one rule)
+        way = made_whole(op, state, got[0], got[1], _templates)
+        if way is not None:
+            return (*way, math.prod(state.axes[a] for ax in way[0].values() for a in ax))
     return got
 
 

@@ -61,7 +61,10 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
     readers: collections.Counter[int] = collections.Counter()
     for op in ops:
         readers.update(set(op.inputs))
+    broadcasts = scalar_broadcasts(ops)
     for op in ops:
+        if op.primitive == "gather" and op.outputs[0] in broadcasts:
+            continue  # a lookup in a broadcast scalar: XLA's simplifier makes it a broadcast
         traits = traits_of(op.primitive)
         if traits.materializing or op.regions:
             keep.update(op.outputs)
@@ -71,6 +74,18 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
             unread = op.unread_operands
             keep.update(v for v in op.inputs if v not in unread)
     return keep
+
+
+def scalar_broadcasts(ops: Sequence[Op]) -> frozenset[int]:
+    """Values of ``ops`` that are a scalar broadcast: made by ``broadcast_in_dim`` of a scalar,
+    or looked up (``gather``) in one, which XLA's algebraic simplifier turns into the broadcast
+    itself (``segment_max``'s initial table in its gradient: a 32 KiB lookup XLA never makes)."""
+    out: set[int] = set()
+    for op in ops:
+        if (op.primitive == "broadcast_in_dim" and op.inputs and not op.rule.operands[0]) or (
+                op.primitive == "gather" and op.inputs[0] in out):
+            out.update(op.outputs)
+    return frozenset(out)
 
 
 def temp_peak(
