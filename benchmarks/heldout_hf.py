@@ -21,8 +21,9 @@ transformers 4.57.6's T5 calls ``jnp.clip(x, a_max=...)``, a keyword JAX 0.10 no
 Every primitive in them has a factor rule and no plan fails. Measured on jax 0.10.2 / flax 0.12.8
 / transformers 4.57.6, one workload per run, mesh 2x4 (32 plans): bytes sent outside 10% in 0,
 memory outside 25% in 0, dot FLOPs outside 5% in 1; jit parity 0 of 12, the default dominated in
-0 of 12 (memory 0.93-1.18, bytes sent 0.94-1.06 over the 32). Mesh 4x2, hf_t5 and hf_llama (16
-plans): 0 / 0 / 0 outside, parity 0 of 6, dominated 0 of 6. The manual_megatron_dp plans are
+0 of 12 (memory 0.93-1.18, bytes sent 0.94-1.06 over the 32; before the fix below 1 / 0 / 2
+outside, hf_gpt2, hf_bert and hf_t5 unchanged by it). Mesh 4x2, hf_t5 and hf_llama (16 plans):
+0 / 0 / 0 outside, parity 0 of 6, dominated 0 of 6. The manual_megatron_dp plans are
 data parallel here: ``zoo.experts.megatron`` knows the zoo's parameter names only.
 
 - hf_llama megatron_dp bytes sent 1.10 and dot FLOPs 0.95, now 0.98 and 1.00: 2 key/value heads
