@@ -182,6 +182,11 @@ class ILP:
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()
+        # the root (the first start) on one axis per option bounds the size from below: a space it
+        # already shows too large is refused before the other starts (the compositions) are built
+        first = 1 + _pairs_needed(options(space, space.root, two_axes=False, tie=False))
+        if first > MERGE_FIRST * self.max_evaluations:
+            raise _too_large(first, self.max_evaluations, at_least=True)
         begun = distinct_starts(space)
         # one axis per option first: no plan is made for it, and it counts no more than two axes
         # do, so a space it already shows too large is never sized in full
