@@ -28,7 +28,9 @@ and cut off (a no-good cut) if not, and the program solved again until none is l
 then proved. Starts are taken fastest first, so most end at their first solve. The result is
 never worse than any combination evaluated exactly (every start, single option and pair).
 ``max_evaluations`` bounds the size (the start, single options and pairs the models evaluate, counted
-once tied groups are merged): larger spaces raise :class:`TooLarge`.
+once tied groups are merged): larger spaces raise :class:`TooLarge`, sized from what is cheapest
+first (the root's options on one axis each, then every start's, then two axes per option) so
+that a space already too large there is refused before the rest is built.
 
 :func:`refine` runs the same model around one plan, with single actions: :class:`search.MCTS`
 ends with it.
