@@ -28,7 +28,9 @@ and cut off (a no-good cut) if not, and the program solved again until none is l
 then proved. Starts are taken fastest first, so most end at their first solve. The result is
 never worse than any combination evaluated exactly (every start, single option and pair).
 ``max_evaluations`` bounds the size (the start, single options and pairs the models evaluate, counted
-once tied groups are merged): larger spaces raise :class:`TooLarge`.
+once tied groups are merged): larger spaces raise :class:`TooLarge`, sized from what is cheapest
+first (the root's options on one axis each, then every start's, then two axes per option) so
+that a space already too large there is refused before the rest is built.
 
 :func:`refine` runs the same model around one plan, with single actions: :class:`search.MCTS`
 ends with it.
@@ -182,6 +184,11 @@ class ILP:
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()
+        # the root (the first start) on one axis per option bounds the size from below: a space it
+        # already shows too large is refused before the other starts (the compositions) are built
+        first = 1 + _pairs_needed(options(space, space.root, two_axes=False, tie=False))
+        if first > MERGE_FIRST * self.max_evaluations:
+            raise _too_large(first, self.max_evaluations, at_least=True)
         begun = distinct_starts(space)
         # one axis per option first: no plan is made for it, and it counts no more than two axes
         # do, so a space it already shows too large is never sized in full

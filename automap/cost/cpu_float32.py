@@ -4,6 +4,7 @@ collectives take for such values, as the cost model (:mod:`automap.cost.memory`,
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from automap.ir.program import Program
@@ -28,8 +29,15 @@ def computed_itemsize(value) -> int:
     >>> computed_itemsize(prog.values[0]), computed_itemsize(prog.values[1])  # the bf16 input, tanh's result
     (2, 4)
     """
-    wide = value.kind == "intermediate" and value.dtype.name in F32_COMPUTED
+    wide = value.kind == "intermediate" and _computed_in_f32(value.dtype)
     return 4 if wide else value.itemsize
+
+
+@functools.lru_cache(maxsize=None)
+def _computed_in_f32(dtype) -> bool:
+    """Whether XLA:CPU computes ``dtype`` in float32 (per dtype: numpy's ``dtype.name`` takes
+    microseconds, asked ~100k times per plan)."""
+    return dtype.name in F32_COMPUTED
 
 
 def stored_in_f32(program: Program, size: Callable[[int], int]) -> Callable[[int], int]:
@@ -43,9 +51,25 @@ def stored_in_f32(program: Program, size: Callable[[int], int]) -> Callable[[int
     >>> [size(v) for op in prog.ops for v in op.outputs]  # the convert's and the tanh's bf16 results
     [32, 32]
     """
-    values = program.values
+    widened = _widened(program)
 
     def size_on_cpu(v: int) -> int:
-        return size(v) * computed_itemsize(values[v]) // max(values[v].itemsize, 1)
+        ratio = widened.get(v)
+        return size(v) if ratio is None else size(v) * ratio[0] // ratio[1]
 
     return size_on_cpu
+
+
+def _widened(program: Program) -> dict[int, tuple[int, int]]:
+    """value id -> (:func:`computed_itemsize`, stored itemsize or 1) of each value whose bytes on
+    XLA:CPU are not its own (the rest keep theirs); once per program (its memo), not per size
+    asked: a plan's memory estimates ask ~400k times."""
+    got = program.memo.get("cpu_float32.widened")
+    if got is None or got[0] is not program.values:
+        table = {}
+        for v, value in enumerate(program.values):
+            computed = computed_itemsize(value)
+            if computed != value.itemsize or value.itemsize < 1:
+                table[v] = (computed, max(value.itemsize, 1))
+        got = program.memo["cpu_float32.widened"] = (program.values, table)
+    return got[1]

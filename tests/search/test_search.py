@@ -200,8 +200,8 @@ def test_ilp_equals_brute_force(budget):
     assert mcts.score.time_s <= best_time * 1.02  # the search's gap, measured
 
 
-def test_with_tactics_the_ilp_also_chooses_a_composition_to_start_from():
-    from search.ilp import brute_force, combinations, starts
+def _tactics_space():
+    """A two-axis space with the tactic macros (a context): its starts are the root and the compositions."""
     from tactics import PlanContext
 
     def step(w, x):
@@ -209,8 +209,14 @@ def test_with_tactics_the_ilp_also_chooses_a_composition_to_start_from():
 
     prog = automap.lower(jax.make_jaxpr(step)(np.ones((8, 8)), np.ones((16, 8))), ["w", "x"], ["w"])
     axes = {"data": 2, "model": 2}
-    space = search.SearchSpace(ShardingState.initial(prog, axes), topology=Topology.preset("h100-8"),
-                               context=PlanContext(prog, axes, (prog.inputs[1],), (prog.inputs[0],)))
+    return search.SearchSpace(ShardingState.initial(prog, axes), topology=Topology.preset("h100-8"),
+                              context=PlanContext(prog, axes, (prog.inputs[1],), (prog.inputs[0],)))
+
+
+def test_with_tactics_the_ilp_also_chooses_a_composition_to_start_from():
+    from search.ilp import brute_force, combinations, starts
+
+    space = _tactics_space()
     assert starts(space)[0] == () and len(starts(space)) == 1 + len(search.compositions(space))
     assert len(combinations(space)) == len(starts(space))  # every composition is a distinct plan
     best_time, _ = brute_force(space)
@@ -237,6 +243,20 @@ def test_ilp_refuses_spaces_too_large():
         search.ILP(max_evaluations=one // MERGE_FIRST - 1).search(_mlp_space())
     with pytest.raises(search.TooLarge, match=f"would need {two} cost evaluations"):  # the full count
         search.ILP(max_evaluations=one // MERGE_FIRST + 1).search(_mlp_space())
+
+
+def test_ilp_refuses_a_space_its_root_shows_too_large_before_building_the_compositions():
+    """The root (the first start) on one axis per option bounds the size from below: too large
+    there, the space is refused with that count before any composition is built."""
+    from search.ilp import MERGE_FIRST, _pairs_needed, options
+
+    space = _tactics_space()
+    first = 1 + _pairs_needed(options(space, space.root, two_axes=False, tie=False))
+    assert first > 2 * MERGE_FIRST
+    with pytest.raises(search.TooLarge, match=f"would need at least {first} cost evaluations"):
+        search.ILP(max_evaluations=first // MERGE_FIRST - 1).search(space)
+    assert "compositions" not in space.memo
+    assert len(search.compositions(space)) > 0  # there were starts to build
 
 
 def _mlp_workload():
