@@ -160,7 +160,8 @@ def make_plan(
                     est = estimate(state, topology, donated=tuple(donated)).peak_memory_bytes
                     unfit.args = (f"{unfit.args[0]}. XLA measured the search's final candidates (and those of "
                                   f"searches under the budget scaled by its measure): the smallest is "
-                                  f"{human_bytes(got)} per device ({human_bytes(est)} by estimate)",)
+                                  f"{human_bytes(got)} per device{_measured_terms(measure_state(state))} "
+                                  f"({human_bytes(est)} by estimate)",)
                     raise unfit
                 notes = notes + (f"search: XLA measures the plan within the budget: {human_bytes(got)}",)
 
@@ -181,7 +182,8 @@ def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, r
     """A recomputing plan XLA measures over the budget gets more blocks recomputed, then the other
     recomputing plans (:func:`search.recompute.fit_by_measure`); if all stay over, the search runs
     once more under the budget scaled by what XLA measured against the estimate (the estimate's
-    own error, calibrated on this program), and XLA measures its answer the same way."""
+    own error, calibrated on this program), and XLA measures its answer the same way; where that
+    search fits nothing by estimate, its final candidates (leaner by estimate) are measured so."""
     from automap.cost import estimate
     from search.planning import MemoryBudgetError, budget_bytes
     from search.recompute import fit_by_measure
@@ -192,15 +194,18 @@ def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, r
     notes = (note,)
     if got is not None and got > budget:
         scaled = int(budget * estimate(state, topology, donated=tuple(donated)).peak_memory_bytes / got)
+        unfit = ""
         try:
             again, refound = research(scaled)
-        except MemoryBudgetError:  # nothing fits the scaled budget either
-            return state, notes + (f"recompute: no plan within {human_bytes(scaled)} by estimate, the budget "
-                                   "scaled by XLA's measure; kept the plan XLA measured smallest",)
+        except MemoryBudgetError as error:  # its final candidates, leaner by estimate, may fit by XLA's measure
+            if error.result is None or not error.result.alternatives:
+                return state, notes + (f"recompute: no plan within {human_bytes(scaled)} by estimate, the budget "
+                                       "scaled by XLA's measure; kept the plan XLA measured smallest",)
+            again, refound, unfit = error.result.state, error.result, ", no plan within it: its final candidates"
         fallbacks = [alt for _, alt, _ in refound.alternatives]
         again, note, got_again = fit_by_measure(again, budget, measure_state, topology, tuple(donated), fallbacks)
         notes += (f"recompute: searched again under {human_bytes(scaled)} by estimate (the budget scaled by "
-                  f"XLA's measure over the estimate); {note}",)
+                  f"XLA's measure over the estimate{unfit}); {note}",)
         if got_again is not None and got_again < got:
             state = again
     return state, notes
@@ -216,12 +221,26 @@ def _warn_if_over(state: ShardingState, measure_state: Callable, memory_budget: 
     from search.planning import budget_bytes
 
     budget = budget_bytes(memory_budget, topology or default_topology())
-    got = measure_state(state).memory_per_device or 0
+    measured = measure_state(state)
+    got = measured.memory_per_device or 0
     if got > budget:
         est = estimate(state, topology, donated=tuple(donated)).peak_memory_bytes
         warnings.warn(f"automap: no plan found within memory_budget={memory_budget!r} ({human_bytes(budget)} per "
-                      f"device) by XLA's measure; kept the smallest XLA measured: {human_bytes(got)} "
-                      f"({human_bytes(est)} by the search's estimate). plan.notes say what was tried", stacklevel=5)
+                      f"device) by XLA's measure; kept the smallest XLA measured: {human_bytes(got)}"
+                      f"{_measured_terms(measured)} ({human_bytes(est)} by the search's estimate). plan.notes say "
+                      "what was tried", stacklevel=5)
+
+
+def _measured_terms(measured: Any) -> str:
+    """XLA's memory per device in its terms, where it has them: the arguments and outputs (the
+    state in and out, no recomputation shrinks them; a plan only by sharding more or donating)
+    and the temporaries (what recomputation and re-gathering act on)."""
+    m = getattr(measured, "memory", None)
+    if m is None:
+        return ""
+    alias = f" - alias {human_bytes(m.alias)}" if m.alias else ""
+    return (f" = arguments {human_bytes(m.argument)} + outputs {human_bytes(m.output)}{alias} (the state in and "
+            f"out) + temporaries {human_bytes(m.temp)}")
 
 
 SCALED_SEARCHES = 3  # at most this many searches again under a budget scaled by XLA's measure

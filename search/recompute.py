@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from automap.ir.recompute import block_mode, pending_blocks, recompute_state, recompute_units, selective
+from automap.ir.recompute import (block_mode, pending_blocks, recompute_state, recompute_units, regathered,
+                                  selective)
 from automap.ir.unremat import drop_remat_state, has_user_remat
 from automap.report import human_bytes
 from automap.shardings import ShardingState
@@ -55,28 +56,31 @@ class Recomputed:
 
 
 def recompute_orders(space: SearchSpace, state: ShardingState) -> list[list[str]]:
-    """Orders in which to recompute repeated blocks, each made of the ways (wholly, or
-    selectively: :func:`~automap.ir.recompute.selective`) whose use alone lowers ``state``'s
-    peak, the most memory saved per second of recompute first: every block wholly; every block
-    selectively (where that takes less time than wholly); and the ladder of the
-    selective ways, then the whole ones (a block recomputed selectively early on is recomputed
-    wholly further down). Which order gives the best fitting plan depends on the budget: the
-    objective decides (:func:`fits_by_recompute`)."""
+    """Orders in which to recompute repeated blocks, each made of the ways (wholly, selectively:
+    :func:`~automap.ir.recompute.selective`, or wholly with the parameters gathered again:
+    :func:`~automap.ir.recompute.regathered`) whose use alone lowers ``state``'s peak, the most
+    memory saved per second of recompute first: every block wholly; every block selectively
+    (where that takes less time than wholly); the ladder of the selective ways, then the whole
+    ones (a block recomputed selectively early on is recomputed wholly further down); every block
+    re-gathered (where that leaves less memory than wholly). Which order gives the best fitting
+    plan depends on the budget: the objective decides (:func:`fits_by_recompute`)."""
     before = space.rescore(state)
-    gains: dict[int, list] = {0: [], 1: []}  # 0: selective, 1: whole
+    gains: dict[int, list] = {0: [], 1: [], 2: []}  # 0: selective, 1: whole, 2: whole, parameters re-gathered
     for i, block in enumerate(recompute_units(state.program)):
         whole_score = None
-        for rung, name in ((1, block), (0, selective(block))):
+        for rung, name in ((1, block), (0, selective(block)), (2, regathered(block))):
             score = space.rescore(recompute_state(state, [name]))
             saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
             if rung == 1:
                 whole_score = score
-            elif score.time_s >= whole_score.time_s:
+            elif rung == 0 and score.time_s >= whole_score.time_s:
                 continue  # selective recomputation is worth it only if it takes less time than whole
+            elif rung == 2 and score.peak_bytes >= whole_score.peak_bytes:
+                continue  # re-gathering is worth it only if it leaves less memory than recomputing alone
             if saved > 0:
                 gains[rung].append((-saved / slower, i, name))
-    whole, some = ([name for *_, name in sorted(gains[r])] for r in (1, 0))
-    orders = [whole, some, some + whole]
+    whole, some, again = ([name for *_, name in sorted(gains[r])] for r in (1, 0, 2))
+    orders = [whole, some, some + whole, again]
     return [o for k, o in enumerate(orders) if o and o not in orders[:k]]
 
 
@@ -182,7 +186,7 @@ def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[S
                    fallbacks: Sequence[ShardingState] = ()) -> tuple[ShardingState, str, int | None]:
     """XLA has the last word on a recomputing plan: while the compiled program's memory per
     device (``measure_state``) is over ``budget``, recompute one more block: of the ways to
-    (each block left, wholly or selectively), the :data:`MEASURED_WAYS` the cost model says
+    (each block left, wholly, selectively or re-gathered), the :data:`MEASURED_WAYS` the cost model says
     leave the least memory are compiled, and the one XLA measures smallest is taken (the
     estimate can rank them otherwise than XLA: recomputing the last block, whose residuals the
     backward reads at once, adds the copies it reads and saves nothing); if the plan is still
@@ -205,7 +209,7 @@ def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[S
             if not left:
                 break
             ways = {}
-            for name in (n for b in left for n in (b, selective(b))):
+            for name in (n for b in left for n in (b, selective(b), regathered(b))):
                 got_state = recompute_state(start, [name])
                 if got_state is not start:
                     ways.setdefault(got_state.key(), got_state)

@@ -38,6 +38,7 @@ from typing import Iterable, Sequence
 
 import jax
 
+from automap.ir.backward_ties import late_zeros, regather_inputs
 from automap.ir.build import ProgramBuilder
 from automap.ir.program import Op, Program, Value
 from automap.ir.scan_recompute import Saved, dots_without_batch_dims, recompute_scan, scan_blocks
@@ -259,10 +260,23 @@ def selective(block: str) -> str:
     return block + SELECTIVE
 
 
+REGATHER = " (re-gather)"  # a block name's suffix: recomputed wholly, its parameters gathered again too
+
+
+def regathered(block: str) -> str:
+    """The name under which ``block`` is recomputed wholly and the parameters its recomputation
+    reads are tied to the backward (:func:`~automap.ir.backward_ties.regather_inputs`): the clones
+    and every later backward reader read the tied copy, so a ZeRO-3 parameter is gathered again in
+    the backward instead of being held, gathered, from the forward (FSDP's re-gather)."""
+    return block + REGATHER
+
+
 def block_mode(name: str) -> tuple[str, Saved | None]:
     """(the block, what its recomputation keeps) of a name :func:`recompute` takes."""
     if name.endswith(SELECTIVE):
         return name[: -len(SELECTIVE)], dots_without_batch_dims
+    if name.endswith(REGATHER):
+        return name[: -len(REGATHER)], None
     return name, None
 
 
@@ -274,31 +288,37 @@ def pending_blocks(program: Program) -> tuple[str, ...]:
 
 def recompute(program: Program, blocks: Iterable[str]) -> Program:
     """``program`` with each block's residuals recomputed in the backward (module docstring;
-    a name from :func:`selective`: only what the block's weight matmuls do not make); blocks with
-    nothing to recompute, or recomputed already, are skipped. The result records them in ``recomputed``."""
+    a name from :func:`selective`: only what the block's weight matmuls do not make; from
+    :func:`regathered`: its parameters gathered again); blocks with nothing to recompute, or
+    recomputed already, are skipped. The result records them in ``recomputed``; the backward's
+    constant zeros are made where it reads them (:func:`~automap.ir.backward_ties.late_zeros`)."""
     done = list(program.recomputed)
     for name in blocks:
         block, save = block_mode(name)
         if block in {block_mode(d)[0] for d in done}:  # once per block, in one mode
             continue
         if block in scan_blocks(program):
-            program = recompute_scan(program, block, save)
+            program = late_zeros(recompute_scan(program, block, save))
             done.append(name)
             continue
         s = _slice(program, block, save)
         if s is None:
             continue
-        program = _with_clones(program, s, block)
+        # the zeros tied after each block: the same program whether blocks come one call at a time or all in one
+        program = late_zeros(_with_clones(program, s, block, name.endswith(REGATHER)))
         done.append(name)
     if tuple(done) == program.recomputed:
         return program
     return dataclasses.replace(program, recomputed=tuple(done), memo={})
 
 
-def _with_clones(program: Program, s: _Slice, block: str) -> Program:
+def _with_clones(program: Program, s: _Slice, block: str, regather: bool = False) -> Program:
     b = ProgramBuilder(program, block)
-    fed: dict[int, int] = {}  # clone input -> what the clones read instead
+    params = regather_inputs(b, program, s.inputs, s.at) if regather else {}  # parameter -> its tied copy
+    fed: dict[int, int] = dict(params)  # clone input -> what the clones read instead
     for v in s.inputs:
+        if v in params:
+            continue
         t = _trigger(program, s.at, program.values[v]) if program.values[v].kind != "input" else None
         fed[v] = v if t is None else b.trace(_tie, [v, t], [t, v])[0]
     outs = b.trace(_barrier, [fed[v] for v in s.inputs], list(s.inputs))
@@ -310,6 +330,7 @@ def _with_clones(program: Program, s: _Slice, block: str) -> Program:
         b.add(dataclasses.replace(op, inputs=ins, outputs=made, linked_inputs=ins, linked_outputs=made,
                                   phase="backward"))
     residual = {v: renamed[v] for v in s.residuals}
+    residual.update(params)  # the backward's own readers of a re-gathered parameter read it too
     rest = []
     for op in program.ops[s.at:]:
         if op.phase == "backward" and any(v in residual for v in op.inputs):

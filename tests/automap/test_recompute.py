@@ -16,7 +16,7 @@ import automap
 import tactics
 from automap import _compat, emit, zoo
 from automap.cost import estimate
-from automap.ir.recompute import SELECTIVE, recompute_state, repeated_blocks, selective
+from automap.ir.recompute import SELECTIVE, recompute_state, regathered, repeated_blocks, selective
 
 # activations outweigh the parameters, as in training at scale
 CFG = zoo.GPTConfig(layers=2, batch=16, seq=32, vocab=64)
@@ -277,3 +277,102 @@ def test_a_traced_intermediate_of_no_like_shape_keeps_its_own_shape():
     builder.trace(lambda w, t: w + jax.lax.slice(t.reshape(-1), (0,), (1,)).reshape(()) * 0, [w, t], [t, w])
     shapes = [builder.values[v].shape for op in builder.ops for v in op.outputs]
     assert (6,) in shapes and (1,) in shapes and shapes[-1] == (4, 8)
+
+
+def test_a_scaled_recompute_search_that_fits_nothing_by_estimate_has_its_final_candidates_measured(monkeypatch):
+    """Held-out eqx_rope under 0.8x its leanest expert plan: the recomputing plan XLA measured over
+    the budget; the search again under the budget scaled by XLA's measure over the estimate fits
+    nothing by estimate; its final candidates (leaner by estimate) go to XLA's measure all the same
+    (:func:`search.recompute.fit_by_measure`: measured, more blocks recomputed), and the smaller
+    kept. Before, the recompute path stopped at the error and kept its first plan (the path
+    without recomputation measured them: test_fidelity's scaled-search tests)."""
+    from types import SimpleNamespace
+
+    import automap.cost
+    import search.recompute
+    from automap.planner import _fit_by_measure
+    from search.planning import MemoryBudgetError
+
+    xla = {"a": 700, "b": 640, "c": 620}  # bytes per device by XLA's measure
+    monkeypatch.setattr(automap.cost, "estimate", lambda s, *a, **k: SimpleNamespace(peak_memory_bytes=600))
+    measured = []
+
+    def fit(state, budget, measure_state, topology, donated, fallbacks):  # the smallest of the plans it is given
+        measured.append((state, *fallbacks))
+        kept = min((state, *fallbacks), key=xla.get)
+        return kept, f"recompute: XLA measured {xla[kept]} B", xla[kept]
+
+    monkeypatch.setattr(search.recompute, "fit_by_measure", fit)
+
+    def research(budget):
+        error = MemoryBudgetError("no plan within the budget")
+        error.result = SimpleNamespace(state="b", score=None, alternatives=(("expert", "c", None),))
+        raise error
+
+    state, notes = _fit_by_measure("a", SimpleNamespace(alternatives=()), None, research, 610, None, ())
+    assert state == "c" and measured == [("a",), ("b", "c")]
+    assert "no plan within it: its final candidates); recompute: XLA measured 620 B" in notes[-1]
+
+
+def test_the_over_budget_warning_splits_xla_s_measure_into_the_state_and_the_temporaries(monkeypatch):
+    """Held-out nnx_lora's kept plan, 104.5 KiB against 95.7 KiB: the warning says how much of
+    XLA's measure is the sharded state in and out (no recomputation shrinks it) and how much the
+    temporaries (what recomputation and re-gathering act on); a measure without terms names the total."""
+    from types import SimpleNamespace
+
+    import automap.cost
+    from automap.measure import MemoryStat
+    from automap.planner import _warn_if_over
+
+    monkeypatch.setattr(automap.cost, "estimate", lambda s, *a, **k: SimpleNamespace(peak_memory_bytes=88_888))
+    measured = SimpleNamespace(memory_per_device=106_976, memory=MemoryStat(12_156, 12_516, 0, 82_304))
+    with pytest.warns(UserWarning, match=r"kept the smallest XLA measured: 104\.5 KiB = arguments 11\.9 KiB \+ "
+                                         r"outputs 12\.2 KiB \(the state in and out\) \+ temporaries 80\.4 KiB "
+                                         r"\(86\.8 KiB by the search's estimate\)"):
+        _warn_if_over("a", lambda s: measured, 97_977, None, ())
+    with pytest.warns(UserWarning, match=r"measured: 104\.5 KiB \(86\.8 KiB by"):
+        _warn_if_over("a", lambda s: SimpleNamespace(memory_per_device=106_976), 97_977, None, ())
+
+
+def test_re_gathering_gathers_the_parameters_again_in_the_backward_and_holds_less(monkeypatch):
+    """ZeRO-3 (FSDP over both axes) on the GPT, both blocks recomputed: with their parameters
+    re-gathered (``regathered``) XLA gathers each block's parameters again in the backward (12 more
+    all-gathers) instead of holding them gathered from the forward: its temporaries drop (1,102,384
+    -> 886,816 B with the zeros tied late too) and the estimate's with them; the loss is the
+    unsharded step's. The backward's constant zeros (the embedding's gradient accumulator) are
+    made where the backward needs them (``late_zeros``): without, XLA makes them before the
+    forward and holds them through it (1,086,504 -> 1,102,384 B)."""
+    import automap.ir.recompute as recompute_module
+
+    w, state, batch = _gpt()
+    step = automap.partition(w.train_step, mesh=automap.make_mesh(MESH), tactics=[EXPERT_PLANS["fsdp"]], search=None)
+    plan = step.plan(state, batch)  # planned, not compiled: the three variants below are
+    blocks = repeated_blocks(plan.program)
+    whole = recompute_state(plan.state, blocks)
+    again = recompute_state(plan.state, [regathered(b) for b in blocks])
+    (m_whole, _), (m_again, outs) = _run(whole, step.mesh), _run(again, step.mesh)
+    np.testing.assert_allclose(outs[-1], _reference()[-1], rtol=1e-5)
+    gathers = m_again.collectives["all-gather"].count - m_whole.collectives["all-gather"].count
+    assert gathers == 12 and m_again.memory.temp < 0.85 * m_whole.memory.temp
+    assert estimate(again).peak_memory_bytes < estimate(whole).peak_memory_bytes
+    monkeypatch.setattr(recompute_module, "late_zeros", lambda program: program)
+    early = recompute_state(plan.state, blocks)  # the same, the zeros left where XLA puts them
+    assert _run(early, step.mesh)[0].memory.temp > m_whole.memory.temp
+
+
+def test_xla_s_measure_may_pick_re_gathering_as_the_way_to_recompute_one_more_block():
+    """fit_by_measure's ways to recompute one more block are wholly, selectively and wholly with
+    the parameters re-gathered (held-out nnx_lora under ZeRO-3: its qkv segment re-gathered fits,
+    92,640 B against 97,977; recomputed alone it stays over); XLA's measure picks among them."""
+    import types
+
+    from search.recompute import fit_by_measure
+
+    _, plan = _dp_plan()
+    one = recompute_state(plan.state, ["GPT/blocks_0"])
+    again = regathered("GPT/blocks_1")
+    def by_xla(s):  # within the budget only with GPT/blocks_1 re-gathered
+        return types.SimpleNamespace(memory_per_device=0 if s.program.recomputed[-1:] == (again,) else 1)
+
+    state, note, _ = fit_by_measure(one, 0, by_xla)
+    assert state.program.recomputed == ("GPT/blocks_0", again) and "within the budget" in note
