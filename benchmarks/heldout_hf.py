@@ -42,10 +42,12 @@ data parallel here: ``zoo.experts.megatron`` knows the zoo's parameter names onl
   plans: inside the targets, not diagnosed.
 
 ``python benchmarks/remat.py --workload benchmarks/heldout_hf.py:hf_gpt2`` (issue 21): the budget
-is 0.8x the smallest expert plan (fsdp, 311,844 B by XLA); the default plan recomputes both
-blocks and XLA measures 253,988 B, 0.814x fsdp and 1.018x the budget (over, by 1.8%: the
-estimate, 206,220 B, is 0.81x XLA's with recomputation, 0.97x without); its loss equals the
-unsharded step's (rel. diff 4.4e-07).
+is 0.8x the smallest expert plan (fsdp, 311,844 B by XLA: 249,475 B). Fits: the default plan
+recomputes both blocks, the second with its parameters gathered again in the backward
+(``regathered``), and XLA measures 240,532 B, 0.964x the budget (estimated 206,264 B); its loss
+equals the unsharded step's (rel. diff 4.4e-07). Before re-gathering and the backward's zeros made
+late: 253,988 B, 1.018x the budget (the estimate, 206,220 B, 0.81x XLA's with recomputation,
+0.97x without).
 """
 import jax
 import jax.numpy as jnp
