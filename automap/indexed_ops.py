@@ -117,8 +117,8 @@ def indices_first(op: Op, state, fax: dict[int, Axes], planned: Templates,
 
 def made_whole(op: Op, state, fax: dict[int, Axes], planned: Templates,
                templates: Callable) -> tuple[dict, Templates] | None:
-    """(factor axes, reshard templates) of a lookup in a broadcast of a scalar (segment_max's initial table): XLA makes the table
-    whole on every device, so the lookup runs without its indexed dims' axes, masks and all-reduce
+    """(factor axes, reshard templates) of a lookup in a broadcast of a scalar (segment_max's
+    initial table): XLA makes the table whole on every device, so the lookup runs without its indexed dims' axes, masks and all-reduce
     (measured on 8 CPU devices: a (64, 32) table split on 'data' by another user, 256 indices
     whole: nothing sent, where the solution's masked lookup all-reduced 32 KiB); the table moves
     nothing. None where the op is no such lookup, or where the solution's way (``fax``, reshards

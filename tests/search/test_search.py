@@ -360,7 +360,8 @@ def test_a_budget_nothing_fits_by_estimate_nor_by_measure_raises_naming_what_xla
     cheap = search.MCTS(episodes=4, seed=0, polish_steps=0, sweeps=0, refine_work=0)
     step = automap.automap(train_step, mesh=mesh, search=cheap, memory_budget=4096)
     with pytest.raises(MemoryBudgetError, match=r"XLA measured the search's final candidates .*: the smallest is "
-                                                r"[\d.]+ KiB per device \([\d.]+ KiB by estimate\)"):
+                                                r"[\d.]+ KiB per device = arguments [\d.]+ KiB \+ outputs [\d.]+ KiB "
+                                                r"\(the state in and out\) \+ temporaries [\d.]+ KiB \([\d.]+ KiB by estimate\)"):
         step.plan([jnp.ones((64, 64)), jnp.ones((64, 64))], jnp.ones((32, 64)))
 
 
