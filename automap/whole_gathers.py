@@ -2,7 +2,8 @@
 gathered whole, rather than summing partial results: against a partner whole on every mesh
 axis, or one that splits a free dim over an axis the sum is split on, or, within the groups of
 devices a free dim shared with the result makes, against a partner whole in the group and a
-result larger than the operand or a sum split over part of the group. Rules of :func:`automap.contraction_layouts.as_xla_contracts`.
+result larger than the operand or a sum split over part of the group. Rules of
+:func:`automap.contraction_layouts.as_xla_contracts`.
 """
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def grouped_sum_gathers(op: Op, state, fax: dict[int, Axes], templates_of) -> tu
     (2x2x2), ``s``'s rows on 'data' and its sum on 'a' or on 'b', the result 1/4 or twice ``s``:
     gathered every time (the held-out Hugging Face Llama's grouped-query key and value
     projections under ``megatron_dp``, their input gradients split on "model":(1)2 by the two
-    key/value heads: 0.95x XLA's dot FLOPs, 1.10x its bytes sent). Measured on jax 0.10.2, ``il,jkl->ijk`` (a dense layer's forward, the weight's rows on
+    key/value heads: 0.95x XLA's dot FLOPs, 1.10x its bytes sent). Measured on jax 0.10.2,
+    ``il,jkl->ijk`` (a dense layer's forward, the weight's rows on
     'data' and columns on 'model', the result's rows on 'data'), the activation whole, its features
     or its batch on 'data', mesh 4x2 and 2x4: the weight gathered over 'model' where it is 1/4 or
     1/2 of the result, partial results all-reduced where it is 4x the result, the activation's

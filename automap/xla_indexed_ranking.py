@@ -66,7 +66,7 @@ def first_way(op: Op, state) -> str | None:
 
 def way_costs(op: Op, state) -> dict[str, tuple[int, int]]:
     """{way: (largest buffer, bytes sent)} of each way that applies, in :data:`WAYS` order, as
-    XLA's partitioner prices it (module docstring)."""
+    XLA's partitioner prices it (module docstring; :func:`first_way`'s example prints them)."""
     rule, sizes, values = op.rule, state.axes, state.program.values
     scatter = op.primitive != "gather"
     if len(op.linked_inputs) < (3 if scatter else 2) or not op.linked_outputs:
@@ -81,25 +81,23 @@ def way_costs(op: Op, state) -> dict[str, tuple[int, int]]:
     t_spec, i_spec, p_spec = state.spec(table), state.spec(indices), state.spec(partner)
     whole = lambda spec: tuple(() for _ in spec)  # noqa: E731
 
-    def partner_with(dims, spec) -> Spec:
+    def partner_with(dims, spec, dims_factors) -> Spec:
         """The lookups' (updates') spec that takes ``spec``'s axes of the dims ``dims`` (of the
-        table or the indices) on their factors' dims."""
+        table or the indices, whose factors are ``dims_factors``) on their factors' dims."""
         axes_of = {f: spec[d] for d in dims for f in dims_factors[d]}
         return tuple(next((axes_of[f] for f in fs if f in axes_of), ()) for fs in partner_dims)
 
     out: dict[str, tuple[int, int]] = {}
     for way in WAYS:
         if way == "indices":
-            dims_factors = index_dims
             split = [d for d, fs in enumerate(index_dims) if i_spec[d] and set(fs) & kept]
             t_way, i_way = whole(t_spec), tuple(i_spec[d] if d in split else () for d in range(len(i_spec)))
-            p_way = partner_with(split, i_spec)
+            p_way = partner_with(split, i_spec, index_dims)
         else:
-            dims_factors = table_dims
             on_kept = way == "passthrough"
             split = [d for d, fs in enumerate(table_dims) if t_spec[d] and fs and (set(fs) <= kept) == on_kept]
             t_way, i_way = tuple(t_spec[d] if d in split else () for d in range(len(t_spec))), whole(i_spec)
-            p_way = partner_with(split, t_spec) if on_kept else whole(p_spec)
+            p_way = partner_with(split, t_spec, table_dims) if on_kept else whole(p_spec)
         if not split:
             continue
         group = math.prod(sizes[a] for d in split for a in (i_spec if way == "indices" else t_spec)[d])

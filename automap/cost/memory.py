@@ -79,7 +79,14 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
 def scalar_broadcasts(ops: Sequence[Op]) -> frozenset[int]:
     """Values of ``ops`` that are a scalar broadcast: made by ``broadcast_in_dim`` of a scalar,
     or looked up (``gather``) in one, which XLA's algebraic simplifier turns into the broadcast
-    itself (``segment_max``'s initial table in its gradient: a 32 KiB lookup XLA never makes)."""
+    itself (``segment_max``'s initial table in its gradient: a 32 KiB lookup XLA never makes).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> prog = lower(jax.make_jaxpr(lambda i: jnp.full((64, 32), -jnp.inf)[i])(jnp.zeros(8, jnp.int32)), ["i"], ["y"])
+    >>> [op.primitive for op in prog.ops if set(op.outputs) & scalar_broadcasts(prog.ops)]
+    ['broadcast_in_dim', 'gather']
+    """
     out: set[int] = set()
     for op in ops:
         if (op.primitive == "broadcast_in_dim" and op.inputs and not op.rule.operands[0]) or (

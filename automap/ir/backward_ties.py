@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Callable
 
 import jax
 
 from automap.ir.build import ProgramBuilder
-from automap.ir.program import Op, Program
+from automap.ir.program import Op, Program, Value
 
 LATE = "/late"  # the name suffix of the ops that tie a value to the backward
 MIN_ZEROS_BYTES = 1024  # smaller constant zeros are left where they are (each tie is a scalar all-reduce)
@@ -36,20 +37,25 @@ MIN_ZEROS_BYTES = 1024  # smaller constant zeros are left where they are (each t
 def tied(x: jax.Array, after: jax.Array) -> jax.Array:
     """``x`` plus an exact zero computed from ``after`` reduced to a scalar (a NaN in ``after``
     still adds zero): the same numbers, made after ``after``; the reduction, not a reshape, keeps
-    a sharded ``after`` from being gathered."""
+    a sharded ``after`` from being gathered.
+
+    >>> import jax.numpy as jnp
+    >>> tied(jnp.arange(3.0), jnp.array([[1.0, jnp.nan]]))
+    Array([0., 1., 2.], dtype=float32)
+    """
     m = after.max()
     return x + (m != m).astype(x.dtype) * jax.numpy.zeros((), x.dtype)
 
 
-def latest_backward(program: Program, at: int, avoid: frozenset[int] = frozenset()) -> int | None:
-    """The latest floating value of rank >= 1 made by a backward op before position ``at`` (not
-    in ``avoid``), if the backward has begun by then."""
+def latest_backward(program: Program, at: int, accept: Callable[[int, Value], bool]) -> int | None:
+    """The latest value made by a backward op before position ``at`` that ``accept(id, value)``
+    takes, if the backward has begun by then (None once a forward op is met). :func:`tie` takes
+    any floating value of rank >= 1; :mod:`automap.ir.recompute` one of a residual's shape."""
     for op in reversed(program.ops[:at]):
         if op.phase != "backward":
             return None
         for v in op.outputs:
-            value = program.values[v]
-            if v not in avoid and value.ndim >= 1 and jax.numpy.issubdtype(value.dtype, jax.numpy.floating):
+            if accept(v, program.values[v]):
                 return v
     return None
 
@@ -57,7 +63,8 @@ def latest_backward(program: Program, at: int, avoid: frozenset[int] = frozenset
 def tie(builder: ProgramBuilder, program: Program, v: int, at: int) -> int:
     """``v`` tied (:func:`tied`) to the latest backward value before position ``at``, traced into
     ``builder``; ``v`` itself where the backward has not begun there."""
-    after = latest_backward(program, at, frozenset({v}))
+    after = latest_backward(program, at, lambda u, value: u != v and value.ndim >= 1
+                            and jax.numpy.issubdtype(value.dtype, jax.numpy.floating))
     return v if after is None else builder.trace(tied, [v, after], [v])[-1]
 
 

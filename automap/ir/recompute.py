@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 
 import jax
 
-from automap.ir.backward_ties import late_zeros, regather_inputs
+from automap.ir.backward_ties import late_zeros, latest_backward, regather_inputs
 from automap.ir.build import ProgramBuilder
 from automap.ir.program import Op, Program, Value
 from automap.ir.scan_recompute import Saved, dots_without_batch_dims, recompute_scan, scan_blocks
@@ -239,14 +239,7 @@ def _barrier(*xs: jax.Array) -> tuple[jax.Array, ...]:
 def _trigger(program: Program, at: int, like: Value) -> int | None:
     """The latest backward value made before position ``at`` with ``like``'s shape and dtype
     (in a residual network: the cotangent of the block's output), if the backward has begun."""
-    for op in reversed(program.ops[:at]):
-        if op.phase != "backward":
-            return None
-        for v in op.outputs:
-            value = program.values[v]
-            if value.shape == like.shape and value.dtype == like.dtype:
-                return v
-    return None
+    return latest_backward(program, at, lambda _, value: value.shape == like.shape and value.dtype == like.dtype)
 
 
 SELECTIVE = " (selective)"  # a block name's suffix: the weight matmuls' results are kept, the rest recomputed
@@ -267,7 +260,11 @@ def regathered(block: str) -> str:
     """The name under which ``block`` is recomputed wholly and the parameters its recomputation
     reads are tied to the backward (:func:`~automap.ir.backward_ties.regather_inputs`): the clones
     and every later backward reader read the tied copy, so a ZeRO-3 parameter is gathered again in
-    the backward instead of being held, gathered, from the forward (FSDP's re-gather)."""
+    the backward instead of being held, gathered, from the forward (FSDP's re-gather).
+
+    >>> regathered("GPT/blocks_1"), block_mode(regathered("GPT/blocks_1"))
+    ('GPT/blocks_1 (re-gather)', ('GPT/blocks_1', None))
+    """
     return block + REGATHER
 
 
