@@ -139,8 +139,12 @@ def hf_bert():
 
     config = BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                         intermediate_size=2 * H, max_position_embeddings=T)
-    module = FlaxBertForMaskedLM(config, _do_init=False).module
+    return _masked_lm("hf_bert", FlaxBertForMaskedLM(config, _do_init=False).module)
 
+
+def _masked_lm(name, module):
+    """A BERT-style masked LM (``module(input_ids, attention_mask, token_type_ids, position_ids,
+    head_mask)``) trained on ``_masked_tokens``: cross-entropy over the masked positions."""
     def args(batch):
         return batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], _positions(), None
 
@@ -149,7 +153,7 @@ def hf_bert():
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
         return (losses * batch["weights"]).sum() / jnp.maximum(batch["weights"].sum(), 1.0)
 
-    return _hf_workload("hf_bert", module, _masked_tokens, args, loss_fn)
+    return _hf_workload(name, module, _masked_tokens, args, loss_fn)
 
 
 class _ClipKeywords:
