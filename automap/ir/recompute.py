@@ -29,6 +29,8 @@ recomputed. Blocks holding control flow or a user's ``remat`` are left alone.
 >>> new = recompute(prog, ["block_0"])
 >>> len(new.all_ops) - len(prog.all_ops), new.recomputed   # a barrier, the dot, the tanh and its 1 - tanh
 (4, ('block_0',))
+>>> recompute(prog, ["block_0"]) is new   # made once per program and blocks, kept in prog.memo
+True
 """
 from __future__ import annotations
 
@@ -288,7 +290,19 @@ def recompute(program: Program, blocks: Iterable[str]) -> Program:
     a name from :func:`selective`: only what the block's weight matmuls do not make; from
     :func:`regathered`: its parameters gathered again); blocks with nothing to recompute, or
     recomputed already, are skipped. The result records them in ``recomputed``; the backward's
-    constant zeros are made where it reads them (:func:`~automap.ir.backward_ties.late_zeros`)."""
+    constant zeros are made where it reads them (:func:`~automap.ir.backward_ties.late_zeros`).
+    The result depends on ``program`` and the names alone: it is made once per program and names
+    (kept in ``program.memo``: the states of one search, each plan the recompute search tries,
+    share it and what is memoised on it, e.g. its liveness)."""
+    names = tuple(blocks)
+    key = ("recompute", names, late_zeros)  # (the zeros' placement, a module function a caller may swap)
+    got = program.memo.get(key)
+    if got is None:
+        got = program.memo[key] = _recompute(program, names)
+    return got
+
+
+def _recompute(program: Program, blocks: tuple[str, ...]) -> Program:
     done = list(program.recomputed)
     for name in blocks:
         block, save = block_mode(name)

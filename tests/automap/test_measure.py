@@ -422,6 +422,21 @@ def test_unknown_lines_are_skipped():
     assert stats(measure(text)) == {"all-gather": (1, 2048)}
 
 
+def test_a_text_measured_again_is_not_parsed_again(monkeypatch):
+    """The arbiter measures a program, its caller the same executable again (JAX's compile cache):
+    one parse per text, and each caller gets its own Measurement to keep."""
+    from automap.measure import _measure_text
+
+    _measure_text.cache_clear()
+    parsed = []
+    real = hlo.parse_module
+    monkeypatch.setattr(hlo, "parse_module", lambda text: parsed.append(text) or real(text))
+    text = module("  ROOT %ag = f32[32,16]{1,0} all-gather(%p), replica_groups={}, dimensions={0}  /* again */")
+    first, again = measure(text), measure(text)
+    assert len(parsed) == 1 and stats(first) == stats(again) == {"all-gather": (1, 2048)}
+    assert first.ops == again.ops and first.ops is not again.ops and first.collectives is not again.collectives
+
+
 def test_rejects_lowered():
     lowered = jax.jit(lambda x: x + 1).lower(jnp.ones(3))
     with pytest.raises(TypeError, match="compile"):
