@@ -39,7 +39,7 @@ from typing import Any, Callable, Literal, Optional
 from automap.measure import Measurement, measure
 from automap.report import human_bytes
 
-__all__ = ["Arbiter", "Arbitration", "prefer", "within_parity", "affordable", "arbitrate", "final_choice", "AUTO_MAX_OPS",
+__all__ = ["Arbiter", "Arbitration", "prefer", "within_parity", "affordable", "arbitrate", "final_choice", "estimated_figures", "AUTO_MAX_OPS",
            "MEMORY_SLACK", "BYTES_TIE", "PARITY"]
 
 Arbiter = Optional[Literal["auto", "always", "search"]]
@@ -163,7 +163,8 @@ def arbitrate(candidates: dict[str, Callable[[], Any]], abstract_args: list[Any]
 
 
 def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, Any, Any], ...],
-                 measure_state: Callable[[Any], Measurement], budget: int | None = None) -> tuple[Any, str]:
+                 measure_state: Callable[[Any], Measurement], budget: int | None = None,
+                 judge: str = "measured by XLA") -> tuple[Any, str]:
     """XLA arbitrates the search's final candidates: the answer, the expert ceiling plan, the next
     best, the expert compositions of the (bytes, memory) front and FSDP over the whole mesh
     (:func:`search.mcts._alternatives`), each ``(label, state, score)``.
@@ -188,7 +189,9 @@ def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, An
     user asked; the note names its measured and estimated memory; the planner then searches again
     under a tighter budget, :func:`automap.planner._search_within_measure`). Before, the fastest
     admitted one: held-out ``nnx_lora`` under 95.7 KiB kept the answer, 114.2 KiB, over ZeRO-3 on
-    the whole mesh, 107.0 KiB. Returns (its state, a note for the plan's report).
+    the whole mesh, 107.0 KiB. Returns (its state, a note for the plan's report). ``judge`` names
+    where the figures come from in the note (:func:`estimated_figures` gives the cost model's, for
+    a program too large to compile them all).
 
     >>> import types
     >>> from automap.measure import CollectiveOp, MemoryStat
@@ -247,7 +250,36 @@ def final_choice(answer: tuple[str, Any, Any], alternatives: tuple[tuple[str, An
                                         if fit else f"; none within the budget of {human_bytes(budget)}: kept the "
                                         f"smallest by XLA's measure, {human_bytes(kept[3].memory_per_device or 0)}"
                                         f"{_estimated(kept[2])}")
-    return kept[1], f"search arbiter: kept the {kept[0]}; measured by XLA: {figures}{within}"
+    return kept[1], f"search arbiter: kept the {kept[0]}; {judge}: {figures}{within}"
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimatedFigures:
+    """The cost model's bytes sent and peak memory per device of one final candidate, in the two
+    fields :func:`final_choice` reads of a :class:`~automap.measure.Measurement`."""
+
+    wire_bytes: float
+    memory_per_device: int
+
+
+def estimated_figures(candidates: tuple[tuple[str, Any, Any], ...]) -> Callable[[Any], EstimatedFigures]:
+    """``measure_state`` for :func:`final_choice` by estimate: each candidate ``(label, state,
+    score)``'s estimated bytes sent and peak memory, looked up by its state. Under ``arbiter="auto"``
+    a program above :data:`AUTO_MAX_OPS` is not compiled more than once, so the search's last step
+    weighs its final candidates by the same rule on the cost model's figures (held-out Hugging Face
+    BART, 4,030 ops, mesh 2x4: the fastest answer, data parallel over the whole mesh, 343.0 KiB sent
+    and 1.2 MiB by estimate, was kept against the whole-mesh FSDP plan's 330.7 KiB and 521.4 KiB).
+
+    >>> import types
+    >>> score = lambda t, sent, peak: types.SimpleNamespace(time_s=t, peak_bytes=peak,
+    ...                                                     estimate=types.SimpleNamespace(wire_bytes=sent))
+    >>> answer = ("answer", "dp", score(1.0, 343, 1200))
+    >>> others = (("expert (fsdp)", "fsdp", score(16.0, 330, 521)),)
+    >>> final_choice(answer, others, estimated_figures((answer,) + others), judge="estimated")
+    ('fsdp', 'search arbiter: kept the expert (fsdp); estimated: answer 343 B sent, 1.2 KiB memory, estimated 1000.000 ms; expert (fsdp) 330 B sent, 521 B memory, estimated 16000.000 ms')
+    """
+    figures = [(state, EstimatedFigures(score.estimate.wire_bytes, score.peak_bytes)) for _, state, score in candidates]
+    return lambda state: next(f for s, f in figures if s is state)
 
 
 def _estimated(score: Any) -> str:

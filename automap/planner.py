@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 from jax.sharding import Mesh
 
 from automap import _compat, emit
-from automap.arbiter import affordable, final_choice
+from automap.arbiter import affordable, estimated_figures, final_choice
 from automap.cost import default_topology
 from automap.ir.lower import lower
 from automap.rules.user_annotations import fix_user_shardings
@@ -164,6 +164,11 @@ def make_plan(
                                   f"({human_bytes(est)} by estimate)",)
                     raise unfit
                 notes = notes + (f"search: XLA measures the plan within the budget: {human_bytes(got)}",)
+        elif found.alternatives and arbiter in ("auto", "search") and unfit is None:  # too large to compile each
+            answer = ("answer", state, found.score)  # the same last step on the cost model's figures
+            state, note = final_choice(answer, found.alternatives, estimated_figures((answer,) + found.alternatives),
+                                       judge="estimated (the program is too large to compile each)")
+            notes = notes + (note,)
 
     state, out_specs = _tie_outputs(state, program, pairs)
     plan = Plan(

@@ -502,3 +502,27 @@ def test_a_scaled_search_that_fits_nothing_by_estimate_has_its_final_candidates_
     assert note.endswith("kept 620 B (still over)")
     with pytest.warns(UserWarning, match=r"kept the smallest XLA measured: 620 B \(540 B by the search's estimate\)"):
         _warn_if_over(state, measure_state, 610, None, ())
+
+
+def test_a_program_too_large_to_compile_each_candidate_takes_the_same_last_step_by_estimate(monkeypatch):
+    """Above ``AUTO_MAX_OPS`` the final candidates are not compiled; the arbiter's rule then runs on
+    the cost model's figures, so the default is not left dominated by estimate by a candidate the
+    search itself found (held-out HF BART, 4,030 ops, mesh 2x4, was data parallel over the whole
+    mesh: dominated by XLA's measure by hand-written FSDP). Here the answer's 32.6 KiB sent and
+    211.8 KiB by estimate give way to Megatron + FSDP's 32.2 KiB and 70.9 KiB."""
+    import automap.arbiter as arbiter_module
+
+    monkeypatch.setattr(arbiter_module, "AUTO_MAX_OPS", 0)  # every program is "too large" here
+    w = zoo.mlp(zoo.MLPConfig(d_in=32, hidden=(64, 64), d_out=32, batch=64))
+    state, batch = w.init(0)
+    step = automap.automap(w.train_step, mesh=automap.make_mesh({"data": 2, "model": 4}),
+                           search=search.MCTS(episodes=8, seed=0))
+    (note,) = [n for n in step.plan(state, batch).notes if n.startswith("search arbiter: kept the ")]
+    kept, figures = note[len("search arbiter: kept the "):].split("; estimated (the program is too large to compile "
+                                                                   "each): ")
+    unit = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20}
+    size = {label: tuple(float(n) * unit[u] for n, u in re.findall(r"([\d.]+) (B|KiB|MiB) (?:sent|memory)", rest))
+            for label, rest in (re.match(r"(.*?) ([\d.]+ \w+ sent.*)", part).groups() for part in figures.split("; "))}
+    assert kept != "answer" and all(a <= b for a, b in zip(size[kept], size["answer"]))
+    assert not any(q[0] < size[kept][0] * 0.99 and q[1] < size[kept][1] * 0.99 for q in size.values())
+    np.testing.assert_allclose(step(state, batch)[1], jax.jit(w.train_step)(state, batch)[1], rtol=1e-5)
