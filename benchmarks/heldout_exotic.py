@@ -48,7 +48,12 @@ memory outside 25% in 2, dot FLOPs outside 5% in 0; jit parity 0 of 18, the defa
   (``runs_whole``: gathered, transformed, sliced). On the spectral layer alone, x (8, 64, 32) split
   on the batch over data, XLA's temp is the replicated program's (135 KiB against 133 KiB), the
   estimate's 101 KiB; counting each FFT's whole result at the op overshoots (167 KiB): dropped.
-- unet fsdp_tp memory 1.27 (temp 697 KiB, XLA's 421 KiB): not diagnosed.
+- unet fsdp_tp memory 1.27 (temp 697 KiB, XLA's 421 KiB), now 1.20: XLA fuses the nearest-neighbour
+  upsampling's gathers into the concatenation with the skip, no buffer of their own (the estimate
+  stored them: ``automap.cost.memory.fused_lookups``; the other unet plans 1.05-1.12 -> 1.04-1.09).
+  Left: XLA's weight-gradient conv of ``conv_up`` reads a transposed copy of half the concatenated
+  channels (48 KiB), made after the forward conv, where the estimate copies all of them (96 KiB) at
+  the concatenation.
 """
 import math
 

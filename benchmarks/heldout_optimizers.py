@@ -44,6 +44,9 @@ FLOPs in 0, jit parity 0 of 9, dominated 0 of 9; with muon's memory rows, 0 / 5 
   a loop: one iteration's peak). Modelling it needs an unrolled scan's body laid out ``length``
   times and fused values that a dot reads stored for the dot only; tried the second alone
   (``automap.cost.memory``), which does not reach the scan body, and dropped it.
+  Since modelled (``automap.cost.unrolled``); megatron_dp stayed at 0.62, its scan priced as a loop
+  because its body all-reduces ``x @ x.T`` summed over the kernel's split columns: the body's
+  result reshards now go with each copy, 0.94 (muon 8 plans: memory outside 25% in 1 -> 0).
 """
 import flax.linen as nn
 import jax

@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from automap.cost.flops import context
 from automap.cost.schedule import breadth_first_starts, entry_order
@@ -53,19 +53,24 @@ class MemoryEstimate:
         return self.arguments + self.outputs - self.aliased + self.temp
 
 
-def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
+def materialized(ops: Sequence[Op], outputs: Iterable[int], collected: Collection[int] = ()) -> set[int]:
     """Values of ``ops`` that exist as buffers (see the module docstring): results of
-    materializing ops, operands of ops that read memory, and results of expensive elementwise ops
-    that more than one op reads."""
+    materializing ops but for :func:`fused_lookups` (``collected``: values a collective reads),
+    operands of ops that read memory, and results of expensive elementwise ops that more than one
+    op reads."""
     keep = set(outputs)
     readers: collections.Counter[int] = collections.Counter()
     for op in ops:
         readers.update(set(op.inputs))
     broadcasts = scalar_broadcasts(ops)
+    lookups = fused_lookups(ops, keep) - frozenset(collected)
     for op in ops:
         if op.primitive == "gather" and op.outputs[0] in broadcasts:
             continue  # a lookup in a broadcast scalar: XLA's simplifier makes it a broadcast
         traits = traits_of(op.primitive)
+        if op.outputs and op.outputs[0] in lookups:  # its table and indices read from memory
+            keep.update(v for v in op.inputs if v not in lookups)
+            continue
         if traits.materializing or op.regions:
             keep.update(op.outputs)
         elif traits.expensive:
@@ -74,6 +79,36 @@ def materialized(ops: Sequence[Op], outputs: Iterable[int]) -> set[int]:
             unread = op.unread_operands
             keep.update(v for v in op.inputs if v not in unread)
     return keep
+
+
+def fused_lookups(ops: Sequence[Op], outputs: Iterable[int] = ()) -> frozenset[int]:
+    """Results of ``gather`` that only fusing ops read (elementwise ops, and concatenations,
+    pads and reductions, which read fused operands) and that are no output: XLA fuses the
+    lookup into each reader's loop, no buffer of its own (an embedding plus positions: estimate
+    1.43x XLA's memory with the rows stored; a nearest-neighbour upsampling concatenated with a
+    skip, the held-out UNet). Read by a dot, or by a collective (a lookup in a table split
+    over its features, all-reduced: :func:`materialized`'s ``collected``), a gather is stored.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> args = jnp.ones((16, 4)), jnp.zeros(8, jnp.int32), jnp.ones((8, 4))
+    >>> added, multiplied = (lambda t, i, p: t[i] + p), (lambda t, i, p: t[i] @ p.T)
+    >>> [len(fused_lookups((prog := lower(jax.make_jaxpr(f)(*args), ["t", "i", "p"], ["y"])).ops, prog.outputs))
+    ...  for f in (added, multiplied)]
+    [1, 0]
+    """
+    readers: dict[int, list[Op]] = collections.defaultdict(list)
+    for op in ops:
+        for v in set(op.inputs):
+            readers[v].append(op)
+    out = set(outputs)
+    fused: set[int] = set()
+    for op in reversed(ops):  # a lookup in a fused lookup fuses with it (an upsampling's two gathers)
+        if op.primitive == "gather" and op.outputs[0] not in out and all(
+                not r.regions and (not traits_of(r.primitive).reads_memory or r.outputs[0] in fused)
+                for r in readers[op.outputs[0]]):
+            fused.add(op.outputs[0])
+    return frozenset(fused)
 
 
 def scalar_broadcasts(ops: Sequence[Op]) -> frozenset[int]:
@@ -115,8 +150,9 @@ def temp_peak(
     size = stored_in_f32(program, _sizer(state)) if cpu else _sizer(state)  # XLA:CPU computes bf16 in f32
     library = library_fused(program, ops, size) if cpu else frozenset()
     windowed = windowed_reductions(program, ops, state, library) if cpu else frozenset()
+    collected = frozenset(r.value for rs in reshards.values() for r in rs)
     live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu, library=library,
-                            windowed=windowed)
+                            windowed=windowed, collected=collected)
     index = live_ranges.index
     first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
     read_as = constants_as_read(program, ops, size) if cpu and not body else {}
@@ -260,6 +296,7 @@ class _Liveness:
 def _liveness(
     program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_copies: bool = False, cpu: bool = False,
     library: frozenset[int] = frozenset(), windowed: frozenset[int] = frozenset(),
+    collected: frozenset[int] = frozenset(),
 ) -> _Liveness:
     """``conv_copies``: a convolution reads a transposed copy of each operand XLA:CPU transposes
     (:func:`automap.cost.xla_cpu.conv_layout_copies`), not the operand itself (the copy's span is
@@ -267,12 +304,14 @@ def _liveness(
     reduction's operands outside (:func:`automap.cost.unfused_operands.unfused_reduction_operands`
     of the reductions at positions ``library``; the operand of each reduction at positions
     ``windowed``, a buffer that a reduce-window reads: :func:`automap.cost.xla_cpu.windowed_reductions`),
-    and its threefry, which holds random bits as two uint32 halves."""
-    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu, library, windowed)
+    and its threefry, which holds random bits as two uint32 halves. ``collected``: values a
+    collective reads (stored: :func:`materialized`)."""
+    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu, library, windowed, collected)
     got = program.memo.get(key)
     if got is not None and got.ops is ops:
         return got
-    keep = set(program.memo_of(ops, ("materialized", tuple(outputs)), lambda: frozenset(materialized(ops, outputs))))
+    keep = set(program.memo_of(ops, ("materialized", tuple(outputs), collected),
+                               lambda: frozenset(materialized(ops, outputs, collected))))
     unfused: tuple[tuple[int, int, int, int], ...] = ()
     if cpu:
         cuts, spread = unfused_reduction_operands(program, ops, keep, library)

@@ -7,6 +7,8 @@ import math
 from typing import Collection, Mapping, Sequence
 
 from automap.ir.program import Op, Program
+from automap.rules import traits_of
+from automap.rules.traits import no_flops
 
 __all__ = ["unfused_reduction_operands"]
 
@@ -21,7 +23,9 @@ def unfused_reduction_operands(
     operand broadcast to more elements (non-scalar: a ``broadcast_in_dim``, or an elementwise op's
     unit dims) is a buffer of the broadcast size, made where its source is made (XLA schedules it
     there) and kept until the last reduction that reads it (the second, as (first op, last op,
-    broadcast value))."""
+    broadcast value)). A library fusion takes no lookup: where the walk meets a fused ``gather``
+    (:func:`automap.cost.memory.fused_lookups`), the reduction's operand is the result of a loop
+    fusion around it, stored (a nearest-neighbour upsampling added to a skip, then summed)."""
     values = program.values
 
     def graph() -> tuple[Mapping[int, int], Mapping[int, tuple[int, Op]], Mapping[tuple[int, tuple], int]]:
@@ -42,10 +46,14 @@ def unfused_reduction_operands(
     spread: dict[tuple[int, tuple], list[int]] = {}  # (source, shape) -> [first, last, broadcast value]
     for at in sorted(library):
         op = ops[at]
-        stack = list(op.inputs)
+        stack = [(v, v) for v in op.inputs]  # (value, the reduction's operand it feeds)
         while stack:
-            v = stack.pop()
+            v, root = stack.pop()
             if v not in made or v in keep or v in cuts:
+                continue
+            if made[v][1].primitive == "gather":  # a fused lookup: a loop fusion (a concatenation's own)
+                if traits_of(op.primitive).flops is not no_flops:  # a reduction reads it stored
+                    cuts.add(root)
                 continue
             if readers.get(v, 0) > 1 and not _bitcast(made[v][1], values):
                 cuts.add(v)
@@ -55,7 +63,7 @@ def unfused_reduction_operands(
                     got = spread.setdefault((u, values[v].shape), [made.get(u, (0,))[0], at, v])
                     got[1] = max(got[1], at)
                 else:
-                    stack.append(u)
+                    stack.append((u, root))
     return cuts, [tuple(s) for s in spread.values()]
 
 
