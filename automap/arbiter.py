@@ -267,8 +267,10 @@ def estimated_figures(candidates: tuple[tuple[str, Any, Any], ...]) -> Callable[
     score)``'s estimated bytes sent and peak memory, looked up by its state. Under ``arbiter="auto"``
     a program above :data:`AUTO_MAX_OPS` is not compiled more than once, so the search's last step
     weighs its final candidates by the same rule on the cost model's figures (held-out Hugging Face
-    BART, 4,030 ops, mesh 2x4: the fastest answer, data parallel over the whole mesh, 343.0 KiB sent
-    and 1.2 MiB by estimate, was kept against the whole-mesh FSDP plan's 330.7 KiB and 521.4 KiB).
+    BART, 4,030 ops, mesh 2x4: the fastest answer, data parallel over the whole mesh, was kept, and
+    hand-written FSDP sent and held less by XLA's measure, 332.0 KiB and 552.2 KiB against 343.0 KiB
+    and 1.1 MiB; now the climb keeps a plan of 282.9 KiB and 641.0 KiB by estimate, 298.9 KiB and
+    647.7 KiB by XLA's, the plan ``arbiter="always"`` keeps after compiling each candidate).
 
     >>> import types
     >>> score = lambda t, sent, peak: types.SimpleNamespace(time_s=t, peak_bytes=peak,
