@@ -25,11 +25,12 @@ default dominated in 1 of 21.
   attention's ``mul``, where the estimate has 2 all-reduces of 18 KiB over 'model' at the
   ``...hqk,...khd->...qhd`` contraction. The 17 tokens (16 patches and the class token) divide by
   nothing.
-- hf_bart: the default (all-reduce data parallel over both axes: 343.0 KiB, 1.1 MiB) is
-  dominated by manual_fsdp (332.0 KiB, 552.2 KiB). Its program has 4030 ops, over the arbiter's
-  ``AUTO_MAX_OPS`` (4000), so the search's final candidates (FSDP over the whole mesh among them)
-  are not compiled and the estimate's fastest is kept. With ``--arbiter always`` the default is
-  298.9 KiB, 647.7 KiB (estimated 282.9 KiB, 641.0 KiB), not dominated.
+- hf_bart: the default was all-reduce data parallel over both axes (343.0 KiB, 1.1 MiB),
+  dominated by manual_fsdp (332.0 KiB, 552.2 KiB): its program has 4030 ops, over the arbiter's
+  ``AUTO_MAX_OPS`` (4000), so the search's final candidates were not compiled and the estimate's
+  fastest was kept. Now the arbiter's climb runs on their estimates there
+  (:func:`automap.arbiter.estimated_figures`): 298.9 KiB, 647.7 KiB (estimated 282.9 KiB,
+  641.0 KiB), the plan ``--arbiter always`` keeps; not dominated.
 - hf_mistral fsdp_tp dot FLOPs 0.94: hf_llama's (``heldout_hf.py``), 4 query heads on 2
   key/value heads.
 """
