@@ -228,3 +228,43 @@ def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[S
     which = "" if len(tried) == 1 else f" (plan {[s for _, s in tried].index(kept) + 1} of {len(tried)} measured)"
     return kept, (f"recompute: XLA measured {'; another plan: '.join(lines)}: {verdict} the budget of "
                   f"{human_bytes(budget)}{which}"), got
+
+
+def leanest(state: ShardingState) -> ShardingState:
+    """``state`` with every block it does not recompute yet recomputed wholly, its parameters
+    gathered again (:func:`~automap.ir.recompute.regathered`): as a rule the least memory
+    recomputation leaves a layout (XLA's measure may rank another way lower: its temporaries
+    are its own)."""
+    return recompute_state(state, [regathered(b) for b in pending_blocks(state.program)])
+
+
+def fit_candidates_by_measure(candidates: Sequence[ShardingState], budget: int,
+                              measure_state: Callable[[ShardingState], Any], topology: Any = None,
+                              donated: Sequence[int] = ()) -> tuple[ShardingState, str, int | None] | None:
+    """Where no plan fits the budget by estimate, recomputing or not, and XLA measures every
+    final candidate of the search over it: each candidate recomputing every block
+    (:func:`leanest`) is measured, and :func:`fit_by_measure` makes the candidates fit in the
+    order of that measure, smallest first (what recomputation can take off a layout says which
+    layouts may fit at all; from the plan without recomputation, XLA picking each block added and
+    its way: re-gathering the first layer alone may fit where every layer re-gathered does not).
+    Returns its answer, or the leanest plan XLA measured smallest where that is smaller; None
+    where no candidate has a block to recompute.
+
+    >>> fit_candidates_by_measure([], 1, None) is None
+    True
+    """
+    with_blocks = [c for c in candidates if pending_blocks(c.program)]
+    if not with_blocks:
+        return None
+    floors = []  # (XLA's measure of the candidate recomputing every block, its rank, the candidate, that plan)
+    for k, c in enumerate(with_blocks):
+        lean = leanest(c)
+        floors.append((measure_state(lean).memory_per_device or 0, k, c, lean))
+    floors.sort(key=lambda t: t[:2])
+    state, note, got = fit_by_measure(floors[0][2], budget, measure_state, topology, donated,
+                                      [c for _, _, c, _ in floors[1:]])
+    if got is None or (got > budget and floors[0][0] < got):
+        got, _, _, state = floors[0]
+        note += f"; kept the first recomputing every block, {human_bytes(got)}"
+    measured = ", ".join(human_bytes(g) for g, *_ in floors)
+    return state, f"recompute: the final candidates recomputing every block measured {measured} by XLA; {note}", got
