@@ -9,7 +9,9 @@ second of recomputation first, until the plan fits, in each of three orders (eve
 selectively, the weight matmuls' results kept; the selective ways, then the whole ones); the
 fitting plan the objective orders first wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
 where compiling is affordable, XLA's measure of the chosen plan decides whether more blocks must
-be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries).
+be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries); where no plan
+fits by estimate even recomputing, XLA measures the search's final candidates recomputing
+(:func:`fit_candidates_by_measure`).
 
 The model's own ``jax.checkpoint``/``nn.remat`` is a decision too: after every search,
 :func:`without_user_remat` prices the answer and the fastest plans without it
@@ -248,12 +250,14 @@ def fit_candidates_by_measure(candidates: Sequence[ShardingState], budget: int,
     layouts may fit at all; from the plan without recomputation, XLA picking each block added and
     its way: re-gathering the first layer alone may fit where every layer re-gathered does not).
     Returns its answer, or the leanest plan XLA measured smallest where that is smaller; None
-    where no candidate has a block to recompute.
+    where no candidate has a block to recompute. A candidate holding the model's own remat is
+    left out (held-out ``nnx_scan``, its remat inside the scanned layer: the scan recomputed
+    wholly compiles to a value read before it is made; :func:`without_user_remat` drops a remat first).
 
     >>> fit_candidates_by_measure([], 1, None) is None
     True
     """
-    with_blocks = [c for c in candidates if pending_blocks(c.program)]
+    with_blocks = [c for c in candidates if not c.program.remat_calls and pending_blocks(c.program)]
     if not with_blocks:
         return None
     floors = []  # (XLA's measure of the candidate recomputing every block, its rank, the candidate, that plan)
