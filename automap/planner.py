@@ -163,7 +163,8 @@ def make_plan(
 
                     est = estimate(state, topology, donated=tuple(donated)).peak_memory_bytes
                     unfit.args = (f"{unfit.args[0]}. XLA measured the search's final candidates (and those of "
-                                  f"searches under the budget scaled by its measure): the smallest is "
+                                  f"searches under the budget scaled by its measure, and them recomputing blocks): "
+                                  f"the smallest is "
                                   f"{human_bytes(got)} per device{_measured_terms(measure_state(state))} "
                                   f"({human_bytes(est)} by estimate)",)
                     raise unfit
