@@ -442,14 +442,20 @@ def test_where_nothing_fits_by_estimate_the_final_candidates_are_measured_recomp
                                          else 700 if ours and done else 1000)
         return measure
 
-    state, note, got = fit_candidates_by_measure([dp, fsdp], 600, xla(800))
+    state, note, got = fit_candidates_by_measure([dp, fsdp], 600, xla(640))  # ZeRO-3's leanest 1.07x the budget
     assert got == 450 and len(state.program.recomputed) == 1 and state.spec(param) == fsdp.spec(param)
-    assert note.startswith("recompute: the final candidates recomputing every block measured 800 B, 900 B by XLA")
+    assert note.startswith("recompute: the final candidates recomputing every block measured 640 B, 900 B by XLA")
     assert "within the budget" in note
-    state, note, got = fit_candidates_by_measure([fsdp], 100, xla(300))  # the leanest is the smallest
+    state, note, got = fit_candidates_by_measure([fsdp], 290, xla(300))  # the leanest is the smallest
     assert got == 300 and state.program.recomputed == leanest(fsdp).program.recomputed
-    assert state.spec(param) == fsdp.spec(param) and "kept the first recomputing every block, 300 B" in note
+    assert state.spec(param) == fsdp.spec(param) and "still over" in note and "kept the first recomputing every block, 300 B" in note
+    state, note, got = fit_candidates_by_measure([fsdp], 100, xla(300))  # 3x the budget: not fitted block by block
+    assert got == 300 and note.endswith("none within 10% of the budget; kept the first recomputing every block, 300 B")
     assert fit_candidates_by_measure([leanest(dp)], 100, xla(300)) is None  # nothing left to recompute
+    from automap.measure import MemoryStat
+
+    heavy = lambda s: types.SimpleNamespace(memory_per_device=1000, memory=MemoryStat(400, 400, 0, 200))  # noqa: E731
+    assert fit_candidates_by_measure([dp, fsdp], 600, heavy) is None  # the state in and out alone is over
 
 
 def test_the_planner_keeps_the_recomputing_final_candidate_xla_measures_smaller(monkeypatch):
