@@ -9,7 +9,9 @@ second of recomputation first, until the plan fits, in each of three orders (eve
 selectively, the weight matmuls' results kept; the selective ways, then the whole ones); the
 fitting plan the objective orders first wins. The cost model prices each try (liveness for the memory, the clones' FLOPs for the time);
 where compiling is affordable, XLA's measure of the chosen plan decides whether more blocks must
-be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries).
+be recomputed (:func:`fit_by_measure`: the estimate can miss XLA's temporaries); where no plan
+fits by estimate even recomputing, XLA measures the search's final candidates recomputing
+(:func:`fit_candidates_by_measure`).
 
 The model's own ``jax.checkpoint``/``nn.remat`` is a decision too: after every search,
 :func:`without_user_remat` prices the answer and the fastest plans without it
@@ -228,3 +230,57 @@ def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[S
     which = "" if len(tried) == 1 else f" (plan {[s for _, s in tried].index(kept) + 1} of {len(tried)} measured)"
     return kept, (f"recompute: XLA measured {'; another plan: '.join(lines)}: {verdict} the budget of "
                   f"{human_bytes(budget)}{which}"), got
+
+
+def leanest(state: ShardingState) -> ShardingState:
+    """``state`` with every block it does not recompute yet recomputed wholly, its parameters
+    gathered again (:func:`~automap.ir.recompute.regathered`): as a rule the least memory
+    recomputation leaves a layout (XLA's measure may rank another way lower: its temporaries
+    are its own)."""
+    return recompute_state(state, [regathered(b) for b in pending_blocks(state.program)])
+
+
+FLOOR_SLACK = 0.1  # a layout recomputing every block this far over the budget is not made to fit block by block
+
+
+def fit_candidates_by_measure(candidates: Sequence[ShardingState], budget: int,
+                              measure_state: Callable[[ShardingState], Any], topology: Any = None,
+                              donated: Sequence[int] = ()) -> tuple[ShardingState, str, int | None] | None:
+    """Where no plan fits the budget by estimate, recomputing or not, and XLA measures every
+    final candidate of the search over it: each candidate recomputing every block
+    (:func:`leanest`) is measured, and :func:`fit_by_measure` makes those within
+    :data:`FLOOR_SLACK` of the budget fit in the order of that measure, smallest first (what
+    recomputation can take off a layout says which layouts may fit at all; from the plan without
+    recomputation, XLA picking each block added and its way: held-out attention_sdpa under ZeRO-3,
+    its first layer re-gathered fits, 238,192 B, every layer re-gathered does not, 252,720 B, 1.05x
+    the budget). Returns its answer, or the leanest plan XLA measured smallest where that is
+    smaller; None where no candidate has a block to recompute and its state in and out (XLA's
+    arguments and outputs: no recomputation shrinks them) within the budget. A candidate holding
+    the model's own remat is left out (held-out ``nnx_scan``, its remat inside the scanned layer:
+    the scan recomputed wholly compiles to a value read before it is made; :func:`without_user_remat`
+    drops a remat first).
+
+    >>> fit_candidates_by_measure([], 1, None) is None
+    True
+    """
+    def state_over(c: ShardingState) -> bool:
+        m = getattr(measure_state(c), "memory", None)
+        return m is not None and m.argument + m.output - m.alias > budget
+
+    with_blocks = [c for c in candidates
+                   if not c.program.remat_calls and pending_blocks(c.program) and not state_over(c)]
+    if not with_blocks:
+        return None
+    floors = []  # (XLA's measure of the candidate recomputing every block, its rank, the candidate, that plan)
+    for k, c in enumerate(with_blocks):
+        lean = leanest(c)
+        floors.append((measure_state(lean).memory_per_device or 0, k, c, lean))
+    floors.sort(key=lambda t: t[:2])
+    measured = ", ".join(human_bytes(g) for g, *_ in floors)
+    starts = [c for g, _, c, _ in floors if g <= budget * (1 + FLOOR_SLACK)]
+    state, note, got = (fit_by_measure(starts[0], budget, measure_state, topology, donated, starts[1:]) if starts
+                        else (None, "none within 10% of the budget", None))
+    if got is None or (got > budget and floors[0][0] < got):
+        got, _, _, state = floors[0]
+        note += f"; kept the first recomputing every block, {human_bytes(got)}"
+    return state, f"recompute: the final candidates recomputing every block measured {measured} by XLA; {note}", got

@@ -376,3 +376,108 @@ def test_xla_s_measure_may_pick_re_gathering_as_the_way_to_recompute_one_more_bl
 
     state, note, _ = fit_by_measure(one, 0, by_xla)
     assert state.program.recomputed == ("GPT/blocks_0", again) and "within the budget" in note
+
+
+def _parts_loss(params, x):  # a loop naming its modules by its index; the attention under no module
+    for i in range(2):
+        with jax.named_scope(f"norm{i}"):
+            h = x * params[f"norm{i}"]
+        with jax.named_scope(f"q{i}"):
+            q = h @ params[f"q{i}"]
+        x = x + jax.nn.softmax(q @ q.T) @ h
+    return (x**2).sum()
+
+
+@functools.lru_cache(maxsize=None)
+def _parts(tactic: str = "data_parallel"):
+    """(the parameters, the batch, the plan of ``jax.grad(_parts_loss)`` under ``tactic`` over data=8)."""
+    rng = np.random.default_rng(0)
+    params = {f"{n}{i}": jax.numpy.asarray(rng.standard_normal((32,) if n == "norm" else (32, 32)) * 0.1,
+                                           jax.numpy.float32) for i in range(2) for n in ("norm", "q")}
+    x = jax.numpy.asarray(rng.standard_normal((256, 32)), jax.numpy.float32)
+    step = automap.partition(jax.grad(_parts_loss), mesh=automap.make_mesh({"data": 8}),
+                             tactics=[getattr(tactics, tactic)("data")], search=None)
+    return params, x, step.plan(params, x)
+
+
+def test_modules_numbered_alike_are_parts_of_layers_found_by_structure():
+    """Held-out attention_sdpa names its modules norm0, q0, ..., norm1, q1 (a Python loop's index)
+    and its attention under none: recomputing those parts saves next to nothing (all 16 under
+    ZeRO-3: 299,552 -> 289,216 B by XLA's measure); the layers found by structure hold the
+    attention too (the first re-gathered: 238,192 B, within issue 21's budget of 239,641 B)."""
+    from automap.ir.recompute import recompute
+
+    params, x, plan = _parts()
+    blocks = repeated_blocks(plan.program)
+    assert len(blocks) == 2 and not any(b.startswith(("norm", "q")) for b in blocks)  # before: norm0, q0, norm1, q1
+    exps = lambda program: sum(op.primitive == "exp" for op in program.ops)  # noqa: E731
+    assert exps(recompute(plan.program, blocks[:1])) == exps(plan.program) + 1  # the softmax is recomputed
+    flat = jax.tree.leaves((params, x))
+    _, grads = _compiled(recompute_state(plan.state, blocks[:1]), plan.mesh, flat)
+    for got, want in zip(grads, jax.tree.leaves(jax.jit(jax.grad(_parts_loss))(params, x)), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_where_nothing_fits_by_estimate_the_final_candidates_are_measured_recomputing():
+    """Held-out attention_sdpa under 0.8x its leanest expert plan: no plan fits by estimate,
+    recomputing or not, and XLA measures every final candidate over the budget. Each candidate
+    recomputing every block (``leanest``: every block re-gathered) is measured; the candidates go
+    to :func:`fit_by_measure` in the order of that measure (here ZeRO-3 first), which finds the
+    plan within the budget; where nothing is, the leanest plan XLA measured smallest is kept
+    when smaller than what the steps found. Before, no recomputing version was measured."""
+    import types
+
+    from search.recompute import fit_candidates_by_measure, leanest
+
+    dp, fsdp = _parts()[2].state, _parts("fsdp")[2].state
+    param = next(v for v in dp.program.inputs if dp.spec(v) != fsdp.spec(v))
+
+    def xla(floor):
+        def measure(s):
+            ours, done = s.spec(param) == fsdp.spec(param), s.program.recomputed
+            again = [name.endswith(" (re-gather)") for name in done]
+            if len(done) == 2 and all(again):
+                return types.SimpleNamespace(memory_per_device=floor if ours else 900)
+            return types.SimpleNamespace(memory_per_device=(500 if again[0] else 450) if ours and len(done) == 1
+                                         else 700 if ours and done else 1000)
+        return measure
+
+    state, note, got = fit_candidates_by_measure([dp, fsdp], 600, xla(640))  # ZeRO-3's leanest 1.07x the budget
+    assert got == 450 and len(state.program.recomputed) == 1 and state.spec(param) == fsdp.spec(param)
+    assert note.startswith("recompute: the final candidates recomputing every block measured 640 B, 900 B by XLA")
+    assert "within the budget" in note
+    state, note, got = fit_candidates_by_measure([fsdp], 290, xla(300))  # the leanest is the smallest
+    assert got == 300 and state.program.recomputed == leanest(fsdp).program.recomputed
+    assert state.spec(param) == fsdp.spec(param) and "still over" in note and "kept the first recomputing every block, 300 B" in note
+    state, note, got = fit_candidates_by_measure([fsdp], 100, xla(300))  # 3x the budget: not fitted block by block
+    assert got == 300 and note.endswith("none within 10% of the budget; kept the first recomputing every block, 300 B")
+    assert fit_candidates_by_measure([leanest(dp)], 100, xla(300)) is None  # nothing left to recompute
+    from automap.measure import MemoryStat
+
+    heavy = lambda s: types.SimpleNamespace(memory_per_device=1000, memory=MemoryStat(400, 400, 0, 200))  # noqa: E731
+    assert fit_candidates_by_measure([dp, fsdp], 600, heavy) is None  # the state in and out alone is over
+
+
+def test_the_planner_keeps_the_recomputing_final_candidate_xla_measures_smaller(monkeypatch):
+    """make_plan's last resort where every final candidate is over the budget by XLA's measure:
+    the candidates (the answer, then its alternatives) go to fit_candidates_by_measure; its plan
+    is kept only where XLA measures it smaller than the plan kept before."""
+    from types import SimpleNamespace
+
+    import search.recompute
+    from automap.planner import _recompute_final_candidates
+
+    xla, given = {"kept": 700, "fitted": 620}, []
+
+    def fit(candidates, budget, measure_state, topology, donated):
+        given.append(tuple(candidates))
+        return "fitted", "recompute: fitted", xla["fitted"]
+
+    monkeypatch.setattr(search.recompute, "fit_candidates_by_measure", fit)
+    found = SimpleNamespace(state="answer", alternatives=(("expert ceiling", "expert", None),))
+    measure = lambda s: SimpleNamespace(memory_per_device=xla[s])  # noqa: E731
+    assert _recompute_final_candidates("kept", found, measure, 610, None, ()) == ("fitted", ("recompute: fitted",))
+    assert given == [("answer", "expert")]
+    xla["kept"] = 600
+    state, notes = _recompute_final_candidates("kept", found, measure, 610, None, ())
+    assert state == "kept" and notes == ("recompute: fitted; kept the plan measured before",)
