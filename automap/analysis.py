@@ -21,7 +21,7 @@ from typing import Iterable, Literal, Sequence
 from automap.factors import Axes, compose_dim, compose_spec, solution, solve_factors
 from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
 from automap.gather_reuse import gathered_apart, grouped_on_the_sum
-from automap.indexed_ops import INDEXED, indices_first, made_whole
+from automap.indexed_ops import INDEXED, indices_first, indices_moved_to_idle, made_whole
 from automap.ir.program import Op, Program
 from automap.loop_invariants import loop_invariants
 from automap.merged_slices import sliced_further, sliced_once
@@ -118,6 +118,8 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
         indexed = indices_first(op, state, fax, templates, _templates)
         if indexed is not None:
             fax, templates = indexed
+        elif (moved := indices_moved_to_idle(op, state, fax, templates)) is not None:
+            templates = moved
         if op.primitive in CONTRACTIONS:
             fax, templates, detour = as_xla_contracts(op, state, fax, templates, _templates)
         pieces = math.prod(sizes[a] for ax in fax.values() for a in ax) * detour
