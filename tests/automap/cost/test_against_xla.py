@@ -1953,3 +1953,22 @@ def test_a_grouped_query_key_gradient_on_part_of_the_model_axis_is_gathered_for_
     assert sorted(r.kind for r in reshards(state)) == sorted(op.kind for op in xla.ops) == ["all-gather", "all-reduce"]
     assert estimate(state).wire_bytes == xla.wire_bytes
     assert estimate(state).dot_flops == xla.dot_flops
+
+
+def test_a_vector_concatenate_passes_its_split_on_as_xla_does():
+    """A GCN's self-edges: ``concatenate([senders, arange(64)])`` (senders split on ('data',
+    'model')) indexes a lookup of a node table on the same split and a ``segment_sum``. Shardy's
+    concatenate takes the joined dim as a permutation factor at rank one too: the indices stay
+    split, XLA gathers the pieces and the table and reduce-scatters the sum. The layout kept the
+    rank-one join whole (automap's rule), looked up masked and all-reduced the (320, 32) result,
+    4.7x XLA's bytes sent (the held-out jraph GNN's ``manual_dp`` 1.22x)."""
+    def fn(senders, table, w):
+        idx = jnp.concatenate([senders, jnp.arange(64, dtype=jnp.int32)])
+        return jax.ops.segment_sum(jnp.tanh(table[idx] @ w), idx, 64)
+
+    args = [jnp.arange(256, dtype=jnp.int32) % 64, jnp.ones((64, 32)), jnp.ones((32, 32))]
+    state, xla = _laid_out_as_xla_lays_it_out(fn, args, [P(D_M), P(D_M), P(), P(D_M)])
+    assert sorted((r.kind, r.bytes) for r in reshards(state)) == sorted((op.kind, op.total_bytes) for op in xla.ops) == [
+        ("all-gather", 256), ("all-gather", 1024), ("all-gather", 8192), ("reduce-scatter", 8192)]
+    assert estimate(state).wire_bytes == xla.wire_bytes
+
