@@ -31,15 +31,18 @@ workload per run, mesh 2x4 (24 plans) unless said:
 - penzai_lm: bytes sent 1.00-1.01, memory 0.86-1.04, dot FLOPs 1.00 on all 8; parity 0 of 3,
   dominated 0 of 3. Mesh 4x2 (``--mesh 4x2``): bytes 1.00-1.02, memory 0.96-1.08, FLOPs 1.00;
   parity 0 of 3, dominated 0 of 3.
-- jraph_gnn: bytes sent outside 10% in 3 of 8 (fsdp 0.89, fsdp_tp 0.88, manual_dp 1.22), memory
-  outside 25% in 1 (megatron_dp 1.31), dot FLOPs outside 5% in 1 (megatron_dp 1.35); parity 0 of
-  3, dominated 0 of 3. Before the two fixes below: 4 / 2 / 1 (data_parallel bytes 1.20,
+- jraph_gnn: bytes sent outside 10% in 1 of 8 (fsdp_tp 0.88), memory outside 25% in 1
+  (megatron_dp 1.31), dot FLOPs outside 5% in 1 (megatron_dp 1.38); parity 0 of 3, dominated 0
+  of 3. Before the last two fixes below: 3 / 1 / 1 (fsdp 0.89, fsdp_tp 0.88, manual_dp 1.22;
+  manual_fsdp was 1.02, now 0.93, its masked lookup's 35 KiB reduce-scatter, now XLA's 7.5 KiB,
+  had offset other gaps). Before the first two: 4 / 2 / 1 (data_parallel bytes 1.20,
   fsdp_tp 0.88, manual_dp 1.28, manual_megatron_dp 1.15; default memory 1.30, megatron_dp 1.37;
   fsdp's bytes were 0.92: the masked lookups' all-reduces it no longer counts had offset the
   collective-permutes XLA sends for ``split`` pieces there, 88 KiB, that it does not).
 
 griffin and penzai_lm were measured before those fixes; neither has a lookup in a broadcast scalar
-(the only ops they change), so their figures stand. Fixed on the way, both general:
+(the only ops they change), so their figures stand; the last two fixes (rank-one concatenates,
+splits whose blocks cut pieces) were not measured on them. Fixed on the way, all general:
 
 - jraph_gnn data_parallel bytes sent 1.20 -> 1.00: ``segment_max`` (``jraph.segment_max_or_constant``,
   the GAT's ``segment_softmax``) starts from a table broadcast from -inf, and its gradient looks
@@ -52,10 +55,19 @@ griffin and penzai_lm were measured before those fixes; neither has a lookup in 
 - jraph_gnn default memory 1.30 -> 1.23, and the lookup of a broadcast scalar holds no buffer: XLA's
   simplifier turns it into the broadcast (:func:`automap.cost.memory.scalar_broadcasts`;
   ``grad`` of ``segment_max`` alone: 1.97 -> 1.76 of XLA's memory).
+- jraph_gnn manual_dp bytes sent 1.22 -> 1.06: the GCN's self-edges join the senders, split on
+  ('data', 'model'), with an ``arange``: Shardy takes a rank-one ``concatenate``'s joined dim as a
+  permutation factor and keeps the indices split (XLA gathers the node table, 7 KiB, and
+  reduce-scatters the ``segment_sum``); the layout kept the join whole, as automap's rule does,
+  and all-reduced the masked lookup's (320, 32) result (70 KiB) (:mod:`automap.xla_layout`).
+- jraph_gnn fsdp bytes sent 0.89 -> 0.97: the concatenations' cotangents are split into pieces
+  (4, 32, 32, 2 of 70 features) whose blocks over 'model' cut them; XLA reshards the operand to the
+  pieces' blocks and fetches each device's window of each piece by collective-permutes (88 KiB),
+  which the estimate now prices (:mod:`automap.split_windows`).
 
 Left (diagnosed, not fixed):
 
-- jraph_gnn megatron_dp dot FLOPs 1.35, memory 1.37: megatron splits node_out's 32 features
+- jraph_gnn megatron_dp dot FLOPs 1.38, memory 1.31: megatron splits node_out's 32 features
   over 'model' (4); the MLP inputs are concatenations of 4 + 32 + 32 + 2 = 70 (98, 66) features.
   automap's ``concatenate`` rule makes the joined dim a permutation factor of the pieces' gcd
   (2), so the layout gives it ``"model":(1)2`` and the dots run on 35 of 70 features; Shardy's
@@ -69,10 +81,10 @@ Left (diagnosed, not fixed):
   loop-fusion reader (the counts and the cotangent gathered in ``segment_max``'s gradient),
   which the estimate holds as buffers (``gather`` is materializing): changing that moves every
   embedding lookup's estimate, not measured here.
-- jraph_gnn fsdp 0.89, fsdp_tp 0.88 bytes sent (collective-permutes XLA sends for the pieces of
-  ``split`` under FSDP, 77-88 KiB, that the estimate does not have), manual_dp 1.22 (all-reduces of
-  scatter-adds and lookups on split node tables: the estimate 27 x 190 KiB, XLA 11 x 163 KiB):
-  not diagnosed further.
+- jraph_gnn fsdp_tp 0.88 bytes sent: its splits now match XLA's; the rest is lookups and
+  scatter-adds (a lookup's reduce-scatter over 'data' where XLA all-reduces and permutes, 20 KiB
+  estimated against 27 KiB; a scatter-add's all-gather over 'data', 16 KiB, where XLA gathers over
+  'model' and permutes, 32 KiB): not diagnosed further.
 
 Recomputation (issue 21), ``python benchmarks/remat.py --workload benchmarks/heldout_graph_rec.py:griffin``:
 no plan: ``MemoryBudgetError`` under the budget of 311.5 KiB per device (0.8x the smallest expert
