@@ -50,7 +50,7 @@ memory outside 25% in 2, dot FLOPs outside 5% in 0; jit parity 0 of 18, the defa
   estimate's 101 KiB; counting each FFT's whole result at the op overshoots (167 KiB): dropped.
 - unet fsdp_tp memory 1.27 (temp 697 KiB, XLA's 421 KiB), now 1.20: XLA fuses the nearest-neighbour
   upsampling's gathers into the concatenation with the skip, no buffer of their own (the estimate
-  stored them: ``automap.cost.memory.fused_lookups``; the other unet plans 1.05-1.12 -> 1.04-1.09).
+  stored them: ``automap.cost.bufferless_lookups.fused_lookups``; the other unet plans 1.05-1.12 -> 1.04-1.09).
   Left: XLA's weight-gradient conv of ``conv_up`` reads a transposed copy of half the concatenated
   channels (48 KiB), made after the forward conv, where the estimate copies all of them (96 KiB) at
   the concatenation.

@@ -53,7 +53,7 @@ splits whose blocks cut pieces) were not measured on them. Fixed on the way, all
   solution it shares with lookups of the same rule, which are masked: a first try cached on that
   solution never reached these lookups).
 - jraph_gnn default memory 1.30 -> 1.23, and the lookup of a broadcast scalar holds no buffer: XLA's
-  simplifier turns it into the broadcast (:func:`automap.cost.memory.scalar_broadcasts`;
+  simplifier turns it into the broadcast (:func:`automap.cost.bufferless_lookups.scalar_broadcasts`;
   ``grad`` of ``segment_max`` alone: 1.97 -> 1.76 of XLA's memory).
 - jraph_gnn manual_dp bytes sent 1.22 -> 1.06: the GCN's self-edges join the senders, split on
   ('data', 'model'), with an ``arange``: Shardy takes a rank-one ``concatenate``'s joined dim as a

@@ -24,7 +24,7 @@ def unfused_reduction_operands(
     unit dims) is a buffer of the broadcast size, made where its source is made (XLA schedules it
     there) and kept until the last reduction that reads it (the second, as (first op, last op,
     broadcast value)). A library fusion takes no lookup: where the walk meets a fused ``gather``
-    (:func:`automap.cost.memory.fused_lookups`), the reduction's operand is the result of a loop
+    (:func:`automap.cost.bufferless_lookups.fused_lookups`), the reduction's operand is the result of a loop
     fusion around it, stored (a nearest-neighbour upsampling added to a skip, then summed)."""
     values = program.values
 
