@@ -335,43 +335,48 @@ def test_the_over_budget_warning_splits_xla_s_measure_into_the_state_and_the_tem
 
 
 def test_re_gathering_gathers_the_parameters_again_in_the_backward_and_holds_less(monkeypatch):
-    """ZeRO-3 (FSDP over both axes) on the GPT, both blocks recomputed: with their parameters
-    re-gathered (``regathered``) XLA gathers each block's parameters again in the backward (12 more
-    all-gathers) instead of holding them gathered from the forward: its temporaries drop (1,102,384
-    -> 886,816 B with the zeros tied late too) and the estimate's with them; the loss is the
-    unsharded step's. The backward's constant zeros (the embedding's gradient accumulator) are
-    made where the backward needs them (``late_zeros``): without, XLA makes them before the
-    forward and holds them through it (1,086,504 -> 1,102,384 B)."""
+    """ZeRO-3 (FSDP over both axes) on the GPT, both blocks recomputed wholly: their parameters are
+    re-gathered (``regathered``: now what whole recomputation does) and XLA gathers each block's
+    parameters again in the backward (12 more all-gathers) instead of holding them gathered from
+    the forward: its temporaries drop (1,086,504 -> 870,936 B against the same recomputation with
+    the parameters untied) and the estimate's with them; the loss is the unsharded step's. The
+    backward's constant zeros (the embedding's gradient accumulator) are made where the backward
+    needs them (``late_zeros``): without, XLA makes them before the forward and holds them."""
     import automap.ir.recompute as recompute_module
 
     w, state, batch = _gpt()
     step = automap.partition(w.train_step, mesh=automap.make_mesh(MESH), tactics=[EXPERT_PLANS["fsdp"]], search=None)
     plan = step.plan(state, batch)  # planned, not compiled: the three variants below are
     blocks = repeated_blocks(plan.program)
-    whole = recompute_state(plan.state, blocks)
-    again = recompute_state(plan.state, [regathered(b) for b in blocks])
-    (m_whole, _), (m_again, outs) = _run(whole, step.mesh), _run(again, step.mesh)
+    with monkeypatch.context() as m:
+        m.setattr(recompute_module, "regather_inputs", lambda *args: {})
+        held = recompute_state(plan.state, blocks)  # the parameters held gathered from the forward
+    plan.program.memo.clear()  # (recompute memoises its result on the program)
+    again = recompute_state(plan.state, blocks)
+    named = recompute_state(plan.state, [regathered(b) for b in blocks]).program
+    assert [op.primitive for op in named.ops] == [op.primitive for op in again.program.ops]
+    (m_held, _), (m_again, outs) = _run(held, step.mesh), _run(again, step.mesh)
     np.testing.assert_allclose(outs[-1], _reference()[-1], rtol=1e-5)
-    gathers = m_again.collectives["all-gather"].count - m_whole.collectives["all-gather"].count
-    assert gathers == 12 and m_again.memory.temp < 0.85 * m_whole.memory.temp
-    assert estimate(again).peak_memory_bytes < estimate(whole).peak_memory_bytes
+    gathers = m_again.collectives["all-gather"].count - m_held.collectives["all-gather"].count
+    assert gathers == 12 and m_again.memory.temp < 0.85 * m_held.memory.temp
+    assert estimate(again).peak_memory_bytes < estimate(held).peak_memory_bytes
     monkeypatch.setattr(recompute_module, "late_zeros", lambda program: program)
     early = recompute_state(plan.state, blocks)  # the same, the zeros left where XLA puts them
-    assert _run(early, step.mesh)[0].memory.temp > m_whole.memory.temp
+    assert _run(early, step.mesh)[0].memory.temp > m_again.memory.temp
 
 
-def test_xla_s_measure_may_pick_re_gathering_as_the_way_to_recompute_one_more_block():
-    """fit_by_measure's ways to recompute one more block are wholly, selectively and wholly with
-    the parameters re-gathered (held-out nnx_lora under ZeRO-3: its qkv segment re-gathered fits,
-    92,640 B against 97,977; recomputed alone it stays over); XLA's measure picks among them."""
+def test_xla_s_measure_picks_the_way_to_recompute_one_more_block():
+    """fit_by_measure's ways to recompute one more block are wholly (its parameters re-gathered)
+    and selectively (held-out nnx_lora under ZeRO-3: its qkv segment re-gathered fits, 92,640 B
+    against 97,977; recomputed keeping them gathered it stays over); XLA's measure picks among them."""
     import types
 
     from search.recompute import fit_by_measure
 
     _, plan = _dp_plan()
     one = recompute_state(plan.state, ["GPT/blocks_0"])
-    again = regathered("GPT/blocks_1")
-    def by_xla(s):  # within the budget only with GPT/blocks_1 re-gathered
+    again = selective("GPT/blocks_1")
+    def by_xla(s):  # within the budget only with GPT/blocks_1 recomputed selectively
         return types.SimpleNamespace(memory_per_device=0 if s.program.recomputed[-1:] == (again,) else 1)
 
     state, note, _ = fit_by_measure(one, 0, by_xla)
