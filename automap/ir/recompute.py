@@ -313,9 +313,10 @@ def pending_blocks(program: Program) -> tuple[str, ...]:
 def recompute(program: Program, blocks: Iterable[str]) -> Program:
     """``program`` with each block's residuals recomputed in the backward (module docstring;
     a name from :func:`selective`: only what the block's weight matmuls do not make; recomputed
-    wholly, by its own name or :func:`regathered`'s, its parameters are gathered again); blocks with nothing to recompute, or
-    recomputed already, are skipped. The result records them in ``recomputed``; the backward's
-    constant zeros are made where it reads them (:func:`~automap.ir.backward_ties.late_zeros`).
+    wholly, by its own name or :func:`regathered`'s, its parameters are gathered again); blocks
+    with nothing to recompute, or recomputed already, are skipped. The result records them in
+    ``recomputed``; the backward's constant zeros are made where it reads them
+    (:func:`~automap.ir.backward_ties.late_zeros`).
     The result depends on ``program`` and the names alone: it is made once per program and names
     (kept in ``program.memo``: the states of one search, each plan the recompute search tries,
     share it and what is memoised on it, e.g. its liveness)."""
