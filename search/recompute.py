@@ -58,31 +58,29 @@ class Recomputed:
 
 
 def recompute_orders(space: SearchSpace, state: ShardingState) -> list[list[str]]:
-    """Orders in which to recompute repeated blocks, each made of the ways (wholly, selectively:
-    :func:`~automap.ir.recompute.selective`, or wholly with the parameters gathered again:
-    :func:`~automap.ir.recompute.regathered`) whose use alone lowers ``state``'s peak, the most
-    memory saved per second of recompute first: every block wholly; every block selectively
-    (where that takes less time than wholly); the ladder of the selective ways, then the whole
-    ones (a block recomputed selectively early on is recomputed wholly further down); every block
-    re-gathered (where that leaves less memory than wholly). Which order gives the best fitting
-    plan depends on the budget: the objective decides (:func:`fits_by_recompute`)."""
+    """Orders in which to recompute repeated blocks, each made of the ways (wholly, its
+    parameters gathered again: :func:`~automap.ir.recompute.regathered` is the same program; or
+    selectively: :func:`~automap.ir.recompute.selective`) whose use alone lowers ``state``'s
+    peak, the most memory saved per second of recompute first: every block wholly; every block
+    selectively (where that takes less time than wholly); the ladder of the selective ways, then
+    the whole ones (a block recomputed selectively early on is recomputed wholly further down).
+    Which order gives the best fitting plan depends on the budget: the objective decides
+    (:func:`fits_by_recompute`)."""
     before = space.rescore(state)
-    gains: dict[int, list] = {0: [], 1: [], 2: []}  # 0: selective, 1: whole, 2: whole, parameters re-gathered
+    gains: dict[int, list] = {0: [], 1: []}  # 0: selective, 1: whole
     for i, block in enumerate(recompute_units(state.program)):
         whole_score = None
-        for rung, name in ((1, block), (0, selective(block)), (2, regathered(block))):
+        for rung, name in ((1, block), (0, selective(block))):
             score = space.rescore(recompute_state(state, [name]))
             saved, slower = before.peak_bytes - score.peak_bytes, max(score.time_s - before.time_s, 1e-15)
             if rung == 1:
                 whole_score = score
-            elif rung == 0 and score.time_s >= whole_score.time_s:
+            elif score.time_s >= whole_score.time_s:
                 continue  # selective recomputation is worth it only if it takes less time than whole
-            elif rung == 2 and score.peak_bytes >= whole_score.peak_bytes:
-                continue  # re-gathering is worth it only if it leaves less memory than recomputing alone
             if saved > 0:
                 gains[rung].append((-saved / slower, i, name))
-    whole, some, again = ([name for *_, name in sorted(gains[r])] for r in (1, 0, 2))
-    orders = [whole, some, some + whole, again]
+    whole, some = ([name for *_, name in sorted(gains[r])] for r in (1, 0))
+    orders = [whole, some, some + whole]
     return [o for k, o in enumerate(orders) if o and o not in orders[:k]]
 
 
