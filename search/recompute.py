@@ -253,10 +253,7 @@ def fit_candidates_by_measure(candidates: Sequence[ShardingState], budget: int,
     its first layer re-gathered fits, 238,192 B, every layer re-gathered does not, 252,720 B, 1.05x
     the budget). Returns its answer, or the leanest plan XLA measured smallest where that is
     smaller; None where no candidate has a block to recompute and its state in and out (XLA's
-    arguments and outputs: no recomputation shrinks them) within the budget. A candidate holding
-    the model's own remat is left out (held-out ``nnx_scan``, its remat inside the scanned layer:
-    the scan recomputed wholly compiles to a value read before it is made; :func:`without_user_remat`
-    drops a remat first).
+    arguments and outputs: no recomputation shrinks them) within the budget.
 
     >>> fit_candidates_by_measure([], 1, None) is None
     True
@@ -265,8 +262,7 @@ def fit_candidates_by_measure(candidates: Sequence[ShardingState], budget: int,
         m = getattr(measure_state(c), "memory", None)
         return m is not None and m.argument + m.output - m.alias > budget
 
-    with_blocks = [c for c in candidates
-                   if not c.program.remat_calls and pending_blocks(c.program) and not state_over(c)]
+    with_blocks = [c for c in candidates if pending_blocks(c.program) and not state_over(c)]
     if not with_blocks:
         return None
     floors = []  # (XLA's measure of the candidate recomputing every block, its rank, the candidate, that plan)

@@ -27,7 +27,7 @@ from typing import Callable
 
 import jax
 
-from automap.ir.build import ProgramBuilder
+from automap.ir.build import ProgramBuilder, call_start, calls_reading
 from automap.ir.program import Op, Program, Value
 
 LATE = "/late"  # the name suffix of the ops that tie a value to the backward
@@ -81,8 +81,9 @@ def regather_inputs(builder: ProgramBuilder, program: Program, inputs: tuple[int
 
 
 def _zeros(program: Program) -> list[tuple[int, Op]]:
-    """(position of its first reader, op) of each backward broadcast of a constant of at least
-    :data:`MIN_ZEROS_BYTES` not tied yet."""
+    """(position of its first reader, or of the start of the user's remat call holding it, op) of
+    each backward broadcast of a constant of at least :data:`MIN_ZEROS_BYTES` not tied yet (and
+    not made inside such a call)."""
     first: dict[int, int] = {}
     tied_already = set()
     for i, op in enumerate(program.ops):
@@ -92,12 +93,12 @@ def _zeros(program: Program) -> list[tuple[int, Op]]:
                 tied_already.add(v)
     found = []
     for op in program.ops:
-        if (op.phase == "backward" and op.primitive == "broadcast_in_dim" and not op.regions
+        if (op.phase == "backward" and op.primitive == "broadcast_in_dim" and not op.regions and not op.remat
                 and all(program.values[v].kind in ("literal", "const") for v in op.inputs)):
             out = program.values[op.outputs[0]]
             if (math.prod(out.shape) * out.dtype.itemsize >= MIN_ZEROS_BYTES and op.outputs[0] in first
-                    and op.outputs[0] not in tied_already):
-                found.append((first[op.outputs[0]], op))
+                    and op.outputs[0] not in tied_already):  # tied before a user's remat call reading it
+                found.append((call_start(program.ops, first[op.outputs[0]]), op))
     return found
 
 
@@ -110,13 +111,14 @@ def late_zeros(program: Program) -> Program:
         t = tie(builder, program, z, at)
         if t == z:
             continue
-        rest = []
+        rest, read = [], []
         for reader in program.ops[at:]:
             if z in reader.inputs:
                 reader = dataclasses.replace(reader, inputs=tuple(t if v == z else v for v in reader.inputs),
                                              linked_inputs=tuple(t if v == z else v for v in reader.linked_inputs))
+                read.append(reader)
             rest.append(reader)
         ops = program.ops[:at] + tuple(builder.ops) + tuple(rest)
         program = dataclasses.replace(program, values=tuple(builder.values), ops=ops, copies=builder.copies,
-                                      memo={})
+                                      memo={}, remat_calls=calls_reading(program.remat_calls, read, {z: t}))
     return program

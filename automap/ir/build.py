@@ -1,14 +1,15 @@
 """Building on a lowered program: new values and ops appended to a copy of its tables (the
-recomputation passes of :mod:`automap.ir.recompute` and :mod:`automap.ir.scan_recompute`)."""
+recomputation passes of :mod:`automap.ir.recompute` and :mod:`automap.ir.scan_recompute`), and
+the user's remat calls kept whole and reading what their ops read after a rewrite renames it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 import jax
 
 from automap import _compat
-from automap.ir.program import Op, Program, Value
+from automap.ir.program import Op, Program, RematCall, Value
 from automap.rules import registry
 from automap.rules.registry import RuleContext, Shaped
 
@@ -71,3 +72,32 @@ class ProgramBuilder:
     def add(self, op: Op) -> None:
         self.ops.append(dataclasses.replace(op, id=self.next_op))
         self.next_op += 1
+
+
+def call_start(ops: Sequence[Op], at: int) -> int:
+    """``at``, or where the user's remat call holding ``ops[at]`` begins: ops put in before that
+    position leave the call's ops in one run (emission wraps each run in one ``jax.checkpoint``,
+    whose body reads only the call's inputs)."""
+    if at >= len(ops) or not ops[at].remat:
+        return at
+    rid = ops[at].remat[0]
+    while at > 0 and ops[at - 1].remat[:1] == (rid,):
+        at -= 1
+    return at
+
+
+def calls_reading(calls: Mapping[int, RematCall], renamed_ops: Iterable[Op],
+                  renamed: Mapping[int, int]) -> dict[int, RematCall]:
+    """``calls`` with each call holding one of ``renamed_ops`` (ops whose operands a rewrite read
+    through ``renamed``) taking the renamed values as its inputs too: the ops of a call read
+    only its inputs (a recomputed scan's backward body, whose ``jax.checkpoint`` read a residual
+    the rewrite replaced, otherwise read a value no longer made).
+
+    >>> call = RematCall(0, (3, 4), (9,), {})
+    >>> op = Op(5, "sin", (7,), (9,), None, "", "", "backward", {}, remat=(0,))
+    >>> calls_reading({0: call}, [op], {3: 7})[0].inputs, calls_reading({0: call}, [], {3: 7})[0].inputs
+    ((7, 4), (3, 4))
+    """
+    ids = {rid for op in renamed_ops for rid in op.remat}
+    return {rid: dataclasses.replace(c, inputs=tuple(renamed.get(v, v) for v in c.inputs)) if rid in ids else c
+            for rid, c in calls.items()}

@@ -42,7 +42,7 @@ from typing import Iterable, Sequence
 import jax
 
 from automap.ir.backward_ties import late_zeros, latest_backward, regather_inputs
-from automap.ir.build import ProgramBuilder
+from automap.ir.build import ProgramBuilder, call_start, calls_reading
 from automap.ir.program import Op, Program, Value
 from automap.ir.scan_recompute import Saved, dots_without_batch_dims, recompute_scan, scan_blocks
 from automap.ir.segments import PREFIX, forward_segments
@@ -246,8 +246,8 @@ def _slice(program: Program, block: str, save: Saved | None = None) -> _Slice | 
         v for op in cloned for v in op.inputs
         if v not in own and program.values[v].kind not in ("literal", "const")
     )
-    first = min(i for i, op in enumerate(program.ops)
-                if op.phase == "backward" and any(v in residuals for v in op.inputs))
+    first = call_start(program.ops, min(i for i, op in enumerate(program.ops)
+                                        if op.phase == "backward" and any(v in residuals for v in op.inputs)))
     return _Slice(tuple(residuals), tuple(cloned), tuple(inputs), first)
 
 
@@ -370,15 +370,17 @@ def _with_clones(program: Program, s: _Slice, block: str, regather: bool = False
                                   phase="backward"))
     residual = {v: renamed[v] for v in s.residuals}
     residual.update(params)  # the backward's own readers of a re-gathered parameter read it too
-    rest = []
+    rest, read = [], []
     for op in program.ops[s.at:]:
         if op.phase == "backward" and any(v in residual for v in op.inputs):
             ins = tuple(residual.get(v, v) for v in op.inputs)
             linked = tuple(residual.get(v, v) for v in op.linked_inputs)
             op = dataclasses.replace(op, inputs=ins, linked_inputs=linked)
+            read.append(op)
         rest.append(op)
     ops = program.ops[: s.at] + tuple(b.ops) + tuple(rest)
-    return dataclasses.replace(program, values=tuple(b.values), ops=ops, copies=b.copies, memo={})
+    return dataclasses.replace(program, values=tuple(b.values), ops=ops, copies=b.copies, memo={},
+                               remat_calls=calls_reading(program.remat_calls, read, residual))
 
 
 def copied_specs(program: Program, specs: dict) -> dict:

@@ -18,7 +18,9 @@ selective recomputation keep them): the clones read them instead of recomputing 
 
 A block is the pair's forward body, named by its ops' common module path (``GPT/blocks``), or
 by the scan's source line (``scan at gpt_nnx.py:145:19 (GPT.__call__)``).
-Bodies holding control flow or a user's ``remat`` are left alone.
+Forward bodies holding control flow or a user's ``remat`` are left alone; a backward body's
+``remat`` (``jax.checkpoint`` around the layer: the backward recomputes its forward from the
+layer's input) reads the clones in place of the residuals it read.
 
 >>> import jax, jax.numpy as jnp
 >>> from automap.ir.lower import lower
@@ -42,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from automap.ir.build import ProgramBuilder
+from automap.ir.build import ProgramBuilder, calls_reading
 from automap.ir.lower import dead_code_eliminated, link_rule
 from automap.ir.program import Op, Program, Region
 
@@ -181,10 +183,12 @@ def recompute_scan(program: Program, block: str, save: Saved | None = None) -> P
     swap = {r: env.get(stacked[o], stacked[o])
             for o, r in zip(bwd.inputs[ncb + nkb:], rb.inputs[ncb + nkb:], strict=True) if o in redone}
     body_ops = list(b.ops)
+    swapped = []  # the body ops reading a clone now (a user's remat call among them reads it too)
     for op in rb.ops:
         if any(v in swap for v in op.inputs):
             op = dataclasses.replace(op, inputs=tuple(swap.get(v, v) for v in op.inputs),
                                      linked_inputs=tuple(swap.get(v, v) for v in op.linked_inputs))
+            swapped.append(op)
         body_ops.append(op)
     keep_xs = [(o, r) for o, r in zip(bwd.inputs[ncb + nkb:], rb.inputs[ncb + nkb:], strict=True)
                if o not in redone]
@@ -206,7 +210,8 @@ def recompute_scan(program: Program, block: str, save: Saved | None = None) -> P
 
     ops = list(program.ops)
     ops[pair.forward], ops[pair.backward] = new_fwd, new_bwd
-    return dataclasses.replace(program, values=tuple(b.values), ops=tuple(ops), copies=b.copies, memo={})
+    return dataclasses.replace(program, values=tuple(b.values), ops=tuple(ops), copies=b.copies, memo={},
+                               remat_calls=calls_reading(program.remat_calls, swapped, swap))
 
 
 def scan_op(b: ProgramBuilder, like: Op, ins: list[int], outs: list[int], body: Region, params: dict) -> Op:
