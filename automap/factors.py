@@ -9,6 +9,7 @@ disagreement, and then the solution is the same for any priorities (see :func:`_
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -25,8 +26,12 @@ Spec = tuple[Axes, ...]
 Candidates = dict[int, list[tuple[int, int, Axes]]]
 
 
-def split_dim(axes: Axes, dim: DimFactors, rule: FactorRule, sizes: Mapping[str, int]) -> dict[int, Axes]:
-    """Assign a dim's axes (major to minor) to its factors (major to minor)."""
+def split_dim(axes: Axes, dim: DimFactors, rule: FactorRule, sizes: Mapping[str, int],
+              padded: frozenset[int] | None = None) -> dict[int, Axes]:
+    """Assign a dim's axes (major to minor) to its factors (major to minor). A ``padded`` factor
+    (by default :func:`padded_factors`) takes an axis that does not divide it, its last tile
+    padded: only :mod:`automap.xla_layout` gives a dim such axes, as Shardy does."""
+    padded = padded_factors(rule) if padded is None else padded
     out: dict[int, Axes] = {}
     i, remaining = 0, None
     for a in axes:
@@ -35,11 +40,39 @@ def split_dim(axes: Axes, dim: DimFactors, rule: FactorRule, sizes: Mapping[str,
             if remaining != 1:
                 break
             i, remaining = i + 1, None
-        if i >= len(dim) or remaining % sizes[a]:
+        if i >= len(dim) or (remaining % sizes[a] and dim[i] not in padded):
             break
         out[dim[i]] = out.get(dim[i], ()) + (a,)
-        remaining //= sizes[a]
+        remaining = -(-remaining // sizes[a])
     return out
+
+
+def minor_most(f: int, dim: DimFactors, rule: FactorRule) -> bool:
+    """Whether factor ``f`` of ``dim`` is its minor-most of more than one element."""
+    return f in dim and all(rule.factors[g].size == 1 for g in dim[dim.index(f) + 1:])
+
+
+@functools.lru_cache(maxsize=4096)
+def padded_factors(rule: FactorRule, permutation: bool = False) -> frozenset[int]:
+    """The factors (of more than one element) minor-most in every dim holding them: Shardy splits
+    such a factor over an axis that does not divide it, its last tile padded
+    (``compatiblePrefixNoConflictsWithinFactor``); a factor of a merged dim but its minor-most
+    takes only axes that divide it. A permutation factor counts only with ``permutation``
+    (:mod:`automap.xla_layout`'s, of the joined dim's size): automap's own is the pieces' common
+    size, smaller than the dims holding it, which an axis dividing the dim need not divide.
+    Blocked factors take no axes. In automap's own layouts every split divides its dim, and so
+    each factor of a dim split whole by its factors (a padded factor has the dim's size): padding
+    changes nothing there.
+
+    >>> from automap.rules.registry import Factor, FactorRule
+    >>> rule = FactorRule((Factor(4), Factor(70)), (((0, 1),),), (((0,), (1,)),))  # (280,) -> (4, 70)
+    >>> sorted(padded_factors(rule))
+    [1]
+    """
+    dims = [dim for value in rule.operands + rule.results for dim in value]
+    kinds = ("parallel", "reduction", "permutation") if permutation else ("parallel", "reduction")
+    return frozenset(f for f, factor in enumerate(rule.factors)
+                     if factor.size > 1 and factor.kind in kinds and all(minor_most(f, dim, rule) for dim in dims if f in dim))
 
 
 def compose_dim(dim: DimFactors, fax: Mapping[int, Axes], rule: FactorRule, sizes: Mapping[str, int]) -> Axes:
@@ -69,20 +102,21 @@ def compose_spec(dims: Sequence[DimFactors], fax: Mapping[int, Axes], rule: Fact
     """
     return tuple(compose_dim(fs, fax, rule, sizes) if fs else () for fs in dims)
 
-def _candidates(rule: FactorRule, dims_of: Sequence, spec_list: Sequence, sizes: Mapping[str, int]) -> Candidates:
+def _candidates(rule: FactorRule, dims_of: Sequence, spec_list: Sequence, sizes: Mapping[str, int],
+                padded: frozenset[int] | None = None) -> Candidates:
     cands: Candidates = {}
     for pos, (spec, dims) in enumerate(zip(spec_list, dims_of, strict=True)):
         if spec is None:
             continue
         for d, fs in enumerate(dims):
             if spec[d] and fs:
-                for f, axes in split_dim(spec[d], fs, rule, sizes).items():
+                for f, axes in split_dim(spec[d], fs, rule, sizes, padded).items():
                     cands.setdefault(f, []).append((pos, d, axes))
     return cands
 
 
 def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Mapping, sizes: Mapping[str, int],
-           contraction: bool = False):
+           contraction: bool = False, padded: frozenset[int] | None = None):
     """The factor -> axes assignment and each factor's earliest priority (``solve_factors``).
     Factors are taken earliest decision first; on equal priority in linked order, except at a
     ``contraction``, where they are taken as XLA's propagation and dot partitioner take them
@@ -97,6 +131,7 @@ def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Map
     fax: dict[int, Axes] = {}
     fprio: dict[int, int] = {}
     used: dict[int, set[str]] = {}
+    padded = padded_factors(rule) if padded is None else padded
     for f in order:
         factor = rule.factors[f]
         if factor.kind == "blocked":
@@ -109,7 +144,7 @@ def _solve(rule: FactorRule, linked: Sequence[int], cands: Candidates, prio: Map
         taken = used.setdefault(rule.group(f), set())
         kept: Axes = ()
         for a in choice:
-            if a in taken or factor.size % (math.prod(sizes[b] for b in kept) * sizes[a]):
+            if a in taken or (factor.size % (math.prod(sizes[b] for b in kept) * sizes[a]) and f not in padded):
                 break
             kept += (a,)
         if kept:
@@ -147,8 +182,24 @@ def solve_factors(
     rule = op.rule
     linked = op.linked_inputs if operands_only else op.linked
     dims_of = rule.operands + (() if operands_only else rule.results)
-    cands = _candidates(rule, dims_of, [specs.get(v) for v in linked], state.axes)
-    return _solve(rule, linked, cands, prio, state.axes, _is_contraction(op))
+    spec_list = [specs.get(v) for v in linked]
+    padded = padded_factors(rule)
+    if padded_factors(rule, permutation=True) != padded and _uneven(state, linked, spec_list):
+        padded = padded_factors(rule, permutation=True)
+    cands = _candidates(rule, dims_of, spec_list, state.axes, padded)
+    return _solve(rule, linked, cands, prio, state.axes, _is_contraction(op), padded)
+
+
+def _uneven(state: ShardingState, linked: Sequence[int], spec_list: Sequence) -> bool:
+    """Whether a linked value has a dim its axes do not divide: only the layout XLA gives
+    (:mod:`automap.xla_layout`) splits a dim padded, a concatenation's joined dim as Shardy's
+    factor of the result's size; there the op's permutation factor (the pieces' common size)
+    takes such axes too (:func:`padded_factors`), and the concatenation is priced as XLA moves it
+    (:func:`automap.analysis._permutation_moves`), not gathered."""
+    values = state.program.values
+    return any(spec is not None and any(axes and values[v].shape[d] % math.prod(state.axes[a] for a in axes)
+                                        for d, axes in enumerate(spec))
+               for v, spec in zip(linked, spec_list))
 
 
 def _order_free(rule: FactorRule, cands: Candidates) -> bool:

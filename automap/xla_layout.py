@@ -26,15 +26,18 @@ strategy), through automap's factor rules:
 - a mesh axis that a factor has room for only part of is split into sub-axes (Shardy's
   ``"model":(1)2``), the factor taking the part it has room for and the next factor the rest: the
   layout is made on the mesh of the axes' prime sub-axes and given back on the plan's mesh where
-  no value holds part of an axis (:mod:`automap.sub_axes`);
+  no value holds part of an axis (:mod:`automap.sub_axes`); but a factor minor-most in every dim
+  holding it takes an axis that does not divide it whole, its last tile padded (a 70-wide
+  concatenation over 'model' of 4 as 4 x 18: :func:`_within_factor`);
 - a value is extended, never changed, and fixed values (inputs, outputs) not at all; an operand
   of an elementwise op takes no more axes sideways than its result holds;
 - a loop is taken as Shardy's ``while``: its invariant operands are the body's own values, its
   carries data-flow edges taken after the body's ops, not when their init changes
   (:mod:`automap.xla_loops`); a ``split`` passes the split dim's axes on to its pieces (XLA's
   slices do, :func:`_split_as_shardy`), but as a permutation factor: only in the rounds of
-  every factor; so does the joined dim of a rank-one ``concatenate``, which automap's rule keeps
-  whole (:func:`_vector_concatenate_as_shardy`);
+  every factor; so does the joined dim of a ``concatenate``, which automap's rule keeps whole at
+  rank one and splits by the pieces' common size at higher ranks
+  (:func:`_vector_concatenate_as_shardy`, :func:`_concatenate_as_shardy`);
 - ops are taken in the order XLA hands them to Shardy (:func:`hlo_order`: the HLO module's
   post-order from its outputs, not the jaxpr's), the ops of a value just extended next, its first
   user first and its producer last (MLIR's greedy rewrite driver, top-down, as Shardy runs it:
@@ -58,7 +61,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, NamedTuple, Sequence
 
-from automap.factors import Axes, compose_dim, split_dim
+from automap.factors import Axes, compose_dim, padded_factors, split_dim
 from automap.hlo_order import hlo_order
 from automap.ir.program import Op, Program
 from automap.rules.registry import Factor, FactorRule
@@ -121,6 +124,7 @@ class _Facts(NamedTuple):
     takes_part: tuple[bool, ...]  # per round: whether the op is queued (its own rule's directions)
     spread: bool  # _same_dims
     tensor_sizes: list[int]  # per linked value, its size as Shardy takes it (automap.shardy_sizes)
+    padded: frozenset[int]  # the factors Shardy splits padded: _within_factor
 
 
 def _static(program: Program) -> tuple[list, list[list], dict[int, _Facts]]:
@@ -154,7 +158,7 @@ def _facts_of(op: Op | Link, single: bool, program: Program) -> _Facts:
         return tuple(tuple(_direction(op, level, f, single, elementwise) for f in range(len(rule.factors)))
                      for level in range(len(ROUNDS)))
 
-    taken = _split_as_shardy(op) if op.primitive == "split" else _vector_concatenate_as_shardy(op, program)
+    taken = _split_as_shardy(op) if op.primitive == "split" else _concatenate_as_shardy(op, program)
     rule = taken.rule
     dims_of = rule.operands + rule.results
     holds = [{f for dim in dims for f in dim} for dims in dims_of]
@@ -163,7 +167,8 @@ def _facts_of(op: Op | Link, single: bool, program: Program) -> _Facts:
     return _Facts(taken, _pass_through(rule, dims_of), _sized(rule, range(len(rule.factors))), holds,
                   [_sized(rule, h) for h in holds], own if taken is op else directions(taken),
                   tuple(bool(queued_as.rule.factors) and any(d) for d in own), _same_dims(dims_of, len(rule.operands)),
-                  [tensor_size(taken, t, program.values) for t in range(len(taken.linked))])
+                  [tensor_size(taken, t, program.values) for t in range(len(taken.linked))],
+                  padded_factors(rule, permutation=True))
 
 
 def _take(op, level: int, facts: _Facts, specs: dict, fixed: frozenset, sizes: Mapping[str, int]) -> list[int]:
@@ -189,7 +194,8 @@ def _split_as_shardy(op: Op) -> Link:
     'model' as the weights' are; kept whole, the model replicated them (1.40x XLA's memory, 1.22x
     its dot FLOPs under ``fsdp_tp``).
 
-    The sliced dim is a permutation factor (Shardy's rule marks it so): it moves in the rounds of
+    The sliced dim is a permutation factor of the operand's size (Shardy's rule marks it so; a
+    minor-most factor, it takes an axis that does not divide it, padded): it moves in the rounds of
     every factor, after the parallel ones (a dot's batch) have, and a piece that has taken another
     factor on the same axes from a user by then keeps it (Shardy's ``debug-propagation-edge-sharding``
     on XLA's dump: a (8, 96) gate split (8, 32)-wise, its features on ('data', 'model'), times a
@@ -201,7 +207,7 @@ def _split_as_shardy(op: Op) -> Link:
     shared = len(rule.factors)
     dims = lambda all_dims: tuple(tuple((shared,) if d == axis else fs for d, fs in enumerate(v))  # noqa: E731
                                   for v in all_dims)
-    rule = FactorRule(rule.factors + (Factor(math.gcd(*map(int, op.params["sizes"])), "permutation"),), dims(rule.operands),
+    rule = FactorRule(rule.factors + (Factor(sum(map(int, op.params["sizes"])), "permutation"),), dims(rule.operands),
                       dims(rule.results))
     return Link(op.id, "split", rule, op.linked_inputs, op.linked_outputs, frozenset(), False)
 
@@ -221,6 +227,30 @@ def _vector_concatenate_as_shardy(op: Op | Link, program: Program) -> Op | Link:
     factor = ((len(op.rule.factors),),)
     rule = FactorRule(op.rule.factors + (Factor(math.gcd(*sizes), "permutation"),), tuple(factor for _ in op.rule.operands),
                       tuple(factor for _ in op.rule.results))
+    return Link(op.id, op.primitive, rule, op.linked_inputs, op.linked_outputs, frozenset(), False)
+
+
+def _concatenate_as_shardy(op: Op | Link, program: Program) -> Op | Link:
+    """A ``concatenate`` as Shardy propagates it (of rank one:
+    :func:`_vector_concatenate_as_shardy`); of rank two or more, the joined dim one
+    permutation factor of the result's size, which every operand's dim holds, so that a mesh axis
+    not dividing the pieces' common size still splits the result, padded (:func:`_within_factor`).
+    automap's rule splits the joined dim by the pieces' common size only
+    (:func:`automap.rules.shape._concatenate`). A (256, 70) joined from pieces of 4, 32 and 34
+    columns, the 32 split on 'model' (4): XLA splits the 70 into 4 x 18, padded; by the common size
+    (2), the model split it in two. Any other op is returned as it is."""
+    if op.primitive != "concatenate" or isinstance(op, Link) or len(op.rule.operands[0]) == 1:
+        return _vector_concatenate_as_shardy(op, program)
+    axis = op.params["dimension"]
+    joined = len(op.rule.factors)
+    rule = op.rule
+
+    def dims(value_dims):
+        return tuple((joined,) if d == axis else fs for d, fs in enumerate(value_dims))
+
+    size = program.values[op.outputs[0]].shape[axis]
+    rule = FactorRule(rule.factors + (Factor(size, "permutation"),), tuple(dims(v) for v in rule.operands),
+                      tuple(dims(v) for v in rule.results))
     return Link(op.id, op.primitive, rule, op.linked_inputs, op.linked_outputs, frozenset(), False)
 
 
@@ -310,7 +340,7 @@ def _step(op: Op | Link, level: int, facts: _Facts, specs: dict, fixed: frozense
             found = True
             for d, fs in enumerate(dims):
                 if spec[d] and fs:
-                    fax.update(split_dim(spec[d], fs, rule, sizes))
+                    fax.update(split_dim(spec[d], fs, rule, sizes, facts.padded))
         cur.append(fax)
     if not found:  # nothing to propagate
         return []
@@ -363,7 +393,7 @@ def _step(op: Op | Link, level: int, facts: _Facts, specs: dict, fixed: frozense
         for f in order:
             if f not in holds[t]:
                 continue
-            new = _within_factor(wanted[f], rule.factors[f].size, sizes)
+            new = _within_factor(wanted[f], rule.factors[f].size, sizes, f in facts.padded)
             have = fax.get(f, ())
             if len(new) <= len(have) or new[: len(have)] != have:
                 continue
@@ -404,9 +434,13 @@ def _extend(old: Axes, new: Axes) -> Axes:
     return new if new[: len(old)] == old else old
 
 
-def _within_factor(axes: Axes, size: int, sizes: Mapping[str, int]) -> Axes:
-    """The prefix of ``axes`` a factor of ``size`` can take: block tiles only (each axis divides
-    what the ones before leave)."""
+def _within_factor(axes: Axes, size: int, sizes: Mapping[str, int], padded: bool = False) -> Axes:
+    """The prefix of ``axes`` a factor of ``size`` can take: block tiles (each axis divides what
+    the ones before leave), or, ``padded`` (:func:`automap.factors.padded_factors`: minor-most in
+    every dim holding it), every axis, the last tile padded, as Shardy takes them
+    (``compatiblePrefixNoConflictsWithinFactor``)."""
+    if padded and size > 1:
+        return axes
     kept: Axes = ()
     for a in axes:
         if size % (math.prod(sizes[b] for b in kept) * sizes[a]):
