@@ -18,7 +18,9 @@ half the bytes on 2 devices ((n - 1)/n of the result against 2 (n - 1)/n). Measu
 devices, mesh 4x2: a (32, 128) weight gradient summed over 'data' into ('model', -) (after its
 transpose), read by a ``split`` whose pieces are on ('data', 'model') (the held-out flax LSTM's
 input kernel under ``fsdp``: 200 KiB of all-reduce over its 16 steps where XLA's measure has
-half). A reader that slices over more axes than the sum's merges the slices: an all-reduce still.
+half; its 4 gates of 16 over the 8 devices of a 1-D mesh, windows cut by the blocks: 14 KiB where
+XLA's measure has 7). A reader that slices over more axes than the sum's merges the slices: an
+all-reduce still; so does a split one of whose pieces every device windows from its own block.
 An elementwise reader keeps the all-reduce too (sequence parallelism's position add reading the
 embedding gather's sum, measured as an all-reduce: ``tests/tactics/test_sequence_parallel.py``).
 """
@@ -29,6 +31,7 @@ from typing import Sequence
 from automap.factors import Axes, compose_spec
 from automap.shardings import ShardingState
 from automap.split_moves import moves_whole_pieces
+from automap.split_windows import windows_all_permuted
 
 
 PASSED_THROUGH = ("transpose",)  # ops XLA's measure follows from an all-reduce to its slice
@@ -37,7 +40,9 @@ PASSED_THROUGH = ("transpose",)  # ops XLA's measure follows from an all-reduce 
 def sliced_once(state: ShardingState, analyses: Sequence, index: dict[int, int], vid: int, summed: Axes) -> bool:
     """Whether value ``vid``, all-reduced over ``summed``, is read (through unresharded
     transposes) by one ``split`` alone whose pieces XLA moves (whole pieces per device's block:
-    :func:`automap.split_moves.moves_whole_pieces`; the GRU's 3 gates are not) that runs it split over exactly the axes
+    :func:`automap.split_moves.moves_whole_pieces`; or windows cut by the blocks, each piece's
+    fetched in part from other devices: :func:`automap.split_windows.windows_all_permuted`, a
+    flax LSTM's 4 gates of 16 over 8 devices) that runs it split over exactly the axes
     ``summed`` more than it is stored (others may move between dims): the all-reduce and the
     reader's local slice are a reduce-scatter to XLA's measure (module docstring). Seen through
     :func:`automap.analysis.reshards`, which asks it of each all-reduce of a result:
@@ -66,7 +71,8 @@ def sliced_once(state: ShardingState, analyses: Sequence, index: dict[int, int],
         # a split alone: XLA slices its pieces right after the sum; an elementwise reader (the
         # masked embedding gather's sum read by the position add, sequence parallel) keeps the
         # all-reduce and slices later (tests/tactics/test_sequence_parallel.py)
-        if not moves_whole_pieces(op, state) or op.rule is None or op.linked_inputs.count(vid) != 1:
+        if not (moves_whole_pieces(op, state) or windows_all_permuted(op, state)) or op.rule is None \
+                or op.linked_inputs.count(vid) != 1:
             return False
         dims = op.rule.operands[op.linked_inputs.index(vid)]
         if not dims:
