@@ -5,10 +5,12 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
+import contextlib
 import dataclasses
 import functools
 
 import jax
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
@@ -486,3 +488,45 @@ def test_the_planner_keeps_the_recomputing_final_candidate_xla_measures_smaller(
     xla["kept"] = 600
     state, notes = _recompute_final_candidates("kept", found, measure, 610, None, ())
     assert state == "kept" and notes == ("recompute: fitted; kept the plan measured before",)
+
+
+def _scanning_layers(ws, x, scope="recurrence"):  # numbered layers, each a lax.scan over time between matmuls
+    for i, w in enumerate(ws):
+        with jax.named_scope(f"layer_{i}"):
+            h = jax.numpy.tanh(x @ w)  # (time, batch, 256)
+            with jax.named_scope(scope) if scope else contextlib.nullcontext():
+                _, h = jax.lax.scan(lambda c, r: (0.5 * c + r, jax.numpy.sin(c + r)), h[0] * 0, h)
+            x = jax.numpy.tanh(h @ w.T)
+    return (x**2).sum()
+
+
+def test_a_layer_holding_a_scan_is_recomputed_around_it():
+    """A numbered layer holding control flow (griffin's RG-LRU ``lax.scan``) is a block: the ops
+    around the scan are recomputed in the backward, the scan's results are kept (it is not
+    cloned). Before, such a layer was no block at all (held-out griffin under 0.8x the smallest
+    expert plan: only the scans themselves could be recomputed; FSDP recomputing every block, XLA
+    399,492 -> 274,420 B per device). Here, data parallel on 8: the gradients are the unsharded
+    ones and XLA's temporaries drop."""
+    rng = np.random.default_rng(0)
+    ws = [jax.numpy.asarray(rng.standard_normal((64, 256)) * 0.1, jax.numpy.float32) for _ in range(3)]
+    x = jax.numpy.asarray(rng.standard_normal((4, 512, 64)), jax.numpy.float32)
+    grad = jax.grad(_scanning_layers)
+    mesh = automap.make_mesh({"data": 8})
+    step = automap.partition(grad, mesh=mesh, tactics=[tactics.manual({"^x": P(None, "data", None)})], search=None)
+    plan = step.plan(ws, x)
+    units = repeated_blocks(plan.program)  # the scans (scanned blocks of their own), then the layers
+    assert units == tuple(f"layer_{i}/recurrence" for i in range(3)) + tuple(f"layer_{i}" for i in range(3))
+    blocks = units[3:]
+    # a scan right under its layer has the layer's path: the name is the scan's; layers are found by structure
+    unscoped = automap.partition(jax.grad(functools.partial(_scanning_layers, scope=None)), mesh=mesh,
+                                 tactics=[tactics.data_parallel("data")], search=None).plan(ws, x)
+    assert repeated_blocks(unscoped.program) == ("layer_0", "layer_1", "layer_2", "ws/0", "ws/1", "ws/2")
+    redone_state = recompute_state(plan.state, blocks)
+    scans = [op.phase for op in redone_state.program.ops if op.primitive == "scan"]
+    assert scans == [op.phase for op in plan.program.ops if op.primitive == "scan"]  # no scan cloned
+    flat = [*ws, x]
+    kept, _ = _compiled(plan.state, mesh, flat)
+    redone, grads = _compiled(redone_state, mesh, flat)
+    for got, want in zip(grads, jax.jit(grad)(ws, x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert redone.memory.temp < 0.85 * kept.memory.temp  # 3,670,640 -> 2,949,800 B (the scans' residuals kept)
