@@ -29,7 +29,7 @@ from automap.reshard_bytes import moved_bytes
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
 from automap.split_moves import pieces_moved
-from automap.tile_order import disjoint_retile, displaced_axes, tile_permute
+from automap.tile_order import disjoint_retile, displaced_axes, full_rematerialization, tile_permute
 from automap.whole_gathers import grouped_partner
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"]
@@ -185,7 +185,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         actual = state.spec(vid)
         wanted = compose_spec(dims, fax, rule, sizes)
         nbytes = program.values[vid].nbytes
-        retiled = disjoint_retile(actual, wanted, nbytes, sizes, in_groups) or displaced_axes(actual, wanted, nbytes, sizes)
+        retiled = (disjoint_retile(actual, wanted, nbytes, sizes, in_groups) or displaced_axes(actual, wanted, nbytes, sizes)
+                   or full_rematerialization(actual, wanted, nbytes, sizes))
         if retiled and retiled[-1][0] == "all-gather" and _grouped_partner_at(op, state) == pos:
             retiled = None  # gathered whole for the dot's groups, then sliced (automap.whole_gathers.grouped_partner)
         if retiled:
@@ -212,7 +213,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             whole = _per_device(nbytes, implied, sizes)
             for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
                 out.append((here, kind, axes, whole // share, "result"))
-        if retiled := disjoint_retile(implied, actual, nbytes, sizes, in_groups and not contraction) or displaced_axes(implied, actual, nbytes, sizes):
+        if retiled := (disjoint_retile(implied, actual, nbytes, sizes, in_groups and not contraction)
+                       or displaced_axes(implied, actual, nbytes, sizes) or full_rematerialization(implied, actual, nbytes, sizes)):
             out += [(here, kind, axes, moved, "result", *group) for kind, axes, moved, *group in retiled]
             continue
         gather, move = _diff(implied, actual)
