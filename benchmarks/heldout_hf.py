@@ -20,7 +20,8 @@ transformers 4.57.6's T5 calls ``jnp.clip(x, a_max=...)``, a keyword JAX 0.10 no
 
 Every primitive in them has a factor rule and no plan fails. Measured on jax 0.10.2 / flax 0.12.8
 / transformers 4.57.6, one workload per run, mesh 2x4 (32 plans): bytes sent outside 10% in 0,
-memory outside 25% in 0, dot FLOPs outside 5% in 1; jit parity 0 of 12, the default dominated in
+memory outside 25% in 0, dot FLOPs outside 5% in 1 (hf_llama fsdp_tp, since fixed: below, hf_llama
+rerun, 0 / 0 / 0 of its 8); jit parity 0 of 12, the default dominated in
 0 of 12 (memory 0.93-1.18, bytes sent 0.94-1.06 over the 32; before the fix below 1 / 0 / 2
 outside, hf_gpt2, hf_bert and hf_t5 unchanged by it). Mesh 4x2, hf_t5 and hf_llama (16 plans):
 0 / 0 / 0 outside, parity 0 of 6, dominated 0 of 6. The manual_megatron_dp plans are
@@ -34,10 +35,12 @@ data parallel here: ``zoo.experts.megatron`` knows the zoo's parameter names onl
   "model":(1)2 (8 KiB all-reduces, half the FLOPs): XLA's dot partitioner partitions no
   contraction over part of a group of devices
   (:func:`automap.whole_gathers.summed_whole_in_groups`).
-- hf_llama fsdp_tp dot FLOPs 0.94 (left): the same input gradients with the kernel's rows on
-  'data' (FSDP). XLA keeps the kernel's split (the idle 'model' is a multiple of the 'data'
-  group) and gathers the cotangent over 'model' twice with a permute over both axes; the
-  estimate still sums partial results over "model":(1)2 there.
+- hf_llama fsdp_tp dot FLOPs 0.94 and bytes sent 1.06, now 1.00 and 0.97: the same input
+  gradients with the kernel's rows on 'data' (FSDP). XLA keeps the kernel's split (the idle
+  'model' is a multiple of the 'data' group), moving it into the groups by a permute over both
+  axes, and gathers the cotangent over 'model' as against a whole kernel, where the estimate
+  summed partial results over "model":(1)2 (:func:`automap.whole_gathers.summed_whole_in_groups`;
+  the estimate has no permute: 0.83x XLA's bytes on that dot alone).
 - hf_t5 default bytes sent 0.94 on both meshes, hf_gpt2 memory 1.11-1.14 on the DP and Megatron
   plans: inside the targets, not diagnosed.
 
