@@ -53,7 +53,12 @@ unsharded step's): hand EP with the batch on data 171,272 B sent, 868,644 B memo
 194,867 B, 768,740 B; the default (the arbiter keeps ``expert_parallel('model') +
 megatron('data')`` over the searched answer) 257,570 B, 553,564 B: 1.50x the bytes, 0.64x the
 memory of the better hand plan; not met in bytes. The hand plans run attention whole on every
-'model' device (dot FLOPs 8.75e6 estimated against the default's 5.75e6).
+'model' device (dot FLOPs 8.75e6 estimated against the default's 5.75e6), yet the cost model
+prices hand EP on data (the same plan as ``data_parallel('data') + expert_parallel('model',
+tokens=False)``: 171,272 B, 868,644 B) at 1229 us, faster than the searched answer's 1285 us:
+the default search misses it. With ``--topology h100-8`` the default replicates (0 B sent,
+3,484,004 B memory, 4.01x), and with the hand plan's memory as its budget finds hand EP on data
+itself (171,272 B, 868,644 B: <= in both).
 
 Package MoE layers tried for issue 21's GShard-style top-2 (stacked expert weights) that do not
 import on jax 0.10.2 / Python 3.11: maxtext 0.2.5 (Python >= 3.12; its ``moe.py`` imports tokamax,
