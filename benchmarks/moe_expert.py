@@ -14,6 +14,13 @@ over it. The tactic plans ``dp + expert_parallel`` (GShard's layout: the tokens 
 axis too) and ``dp + expert_parallel + megatron`` are printed beside them.
 
     python benchmarks/moe_expert.py [--configs tiny,batch-8,...] [--topology h100-8]
+    python benchmarks/moe_expert.py --workload FILE.py:FN [--experts REGEX]
+
+``--workload`` measures a model from elsewhere (``FN()`` returns a workload, as for
+``fidelity.py --workload``) in place of the corpus: its expert weights are the inputs whose path
+matches ``--experts`` (default ``expert``; each match must lead with the expert count, which
+'model' divides), its batch split as the GShard MoE's (over ``data``, and over both axes where
+the leading dim of the first batch leaf allows).
 
 Where the default holds more memory than that reference (it trades memory for step time: every
 plan fits the 4 GiB budget), the default is planned again with the reference's memory per device as
@@ -24,6 +31,8 @@ topology ``automap`` picks for the devices (``cpu-sim`` here). Nothing is writte
 """
 import argparse
 import os
+import re
+import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -34,6 +43,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import automap  # noqa: E402
+import search  # noqa: E402,F401  (before the benchmarks folder joins the path: --workload)
 import tactics  # noqa: E402
 from automap.arbiter import prefer  # noqa: E402
 from automap.measure import Measurement  # noqa: E402
@@ -58,22 +68,23 @@ FAST = {  # as the tests compile: XLA:CPU without optimisation passes (the SPMD 
     "xla_llvm_disable_expensive_passes": True,
     "xla_cpu_use_fusion_emitters": False,
 }
-EXPERTS = r"w_in$|w_out$"
+EXPERTS = r"w_in$|w_out$"  # the corpus MoEs' expert weights (and their Adam moments)
 HAND = "hand EP, "
 
 
-def plans(model: str, cfg: MoEConfig, topology) -> dict[str, dict]:
-    """name -> keywords of :func:`automap.partition`: the hand-written plans of ``model`` (the
-    reference first), the tactic plans, the default."""
+def plans(experts: str, batch_size: int, ragged: bool, topology) -> dict[str, dict]:
+    """name -> keywords of :func:`automap.partition`: the hand-written plans (the reference first;
+    ``experts`` a regex of the expert weights' and their moments' input paths, split on dim 0 over
+    'model'), the tactic plans, the default."""
     dp, ep = tactics.data_parallel("data"), tactics.expert_parallel("model")
     fixed = dict(search=None, arbiter=None)
     batch = {"data": P("data"), "both": P(("data", "model")), "whole": None}
-    ways = ["data"] + (["both"] if cfg.batch % (AXES["data"] * AXES["model"]) == 0 else [])
-    if model == "ragged":  # the global sort gathers every token: the batch left whole, or over data
+    ways = ["data"] + (["both"] if batch_size % (AXES["data"] * AXES["model"]) == 0 else [])
+    if ragged:  # the global sort gathers every token: the batch left whole, or over data
         ways = ["whole", "data"]
     out = {}
     for way in ways:
-        rules = {EXPERTS: P("model", None, None), **({r"^batch/": batch[way]} if batch[way] else {})}
+        rules = {experts: P("model"), **({r"^batch/": batch[way]} if batch[way] else {})}
         label = HAND + ("batch whole" if way == "whole" else f"batch on {way}")
         out[label] = dict(tactics=[tactics.manual(rules)], **fixed)
     out["dp + expert_parallel"] = dict(tactics=[dp, ep], **fixed)
@@ -82,21 +93,40 @@ def plans(model: str, cfg: MoEConfig, topology) -> dict[str, dict]:
     return out
 
 
+def expert_leaves(plan, experts: str) -> str:
+    """What ``experts`` matches among the plan's inputs (count, shapes), checked: every match
+    leads with the same expert count, divisible by 'model'."""
+    hits = [(p, a.shape) for p, a in zip(plan.program.input_paths, plan.traced.in_avals) if re.search(experts, p)]
+    counts = {shape[0] if shape else None for _, shape in hits}
+    if len(counts) != 1 or None in counts or next(iter(counts)) % AXES["model"]:
+        raise SystemExit(f"--experts {experts!r}: the matches must all lead with one expert count divisible by "
+                         f"{AXES['model']}; matched {hits}")
+    shapes = sorted({str(shape) for _, shape in hits})
+    return f"{len(hits)} inputs match {experts!r} ({next(iter(counts))} experts; shapes {', '.join(shapes)})"
+
+
 def measure_config(name: str, topology) -> str:
-    """Print one configuration's rows; returns the verdict (default against the better hand-written plan)."""
+    """Print one corpus configuration's rows; returns the verdict (see :func:`measure_workload`)."""
     model, fields = CONFIGS[name]
     cfg = MoEConfig(**fields)
-    w = MODELS[model](cfg)
+    fields_text = ", ".join(f"{k}={v}" for k, v in fields.items())
+    return measure_workload(f"{name}: moe_{model}(MoEConfig({fields_text}))", MODELS[model](cfg), EXPERTS,
+                            cfg.batch, model == "ragged", topology)
+
+
+def measure_workload(title: str, w, experts: str, batch_size: int, ragged: bool, topology) -> str:
+    """Print one workload's rows; returns the verdict (default against the better hand-written plan)."""
     state, batch = w.init(0)
     mesh = automap.make_mesh(AXES)
     want = float(jax.jit(w.train_step)(state, batch)[1])
-    fields_text = ", ".join(f"{k}={v}" for k, v in fields.items())
-    print(f"\n{name}: moe_{model}(MoEConfig({fields_text})), mesh data=2 x model=4")
+    print(f"\n{title}, mesh data=2 x model=4")
     got, kept = {}, ""
-    for label, kw in plans(model, cfg, topology).items():
+    for label, kw in plans(experts, batch_size, ragged, topology).items():
         t0 = time.perf_counter()
         step = automap.partition(w.train_step, mesh=mesh, **kw)
         plan = step.plan(state, batch)
+        if not got:
+            print(f"  expert weights: {expert_leaves(plan, experts)}")
         compiled = step.lower(state, batch).compile(FAST)
         m = got[label] = automap.measure(compiled)
         outs = compiled(*jax.tree.leaves(jax.device_put((state, batch), plan.in_shardings)))
@@ -113,7 +143,8 @@ def measure_config(name: str, topology) -> str:
     print(f"  default plan: {kept}")
     if memory > 1:  # the default trades memory for time; under the hand plan's memory as budget:
         budget = got[best].memory_per_device
-        step = automap.partition(w.train_step, mesh=mesh, memory_budget=budget, **plans(model, cfg, topology)["default"])
+        default = plans(experts, batch_size, ragged, topology)["default"]
+        step = automap.partition(w.train_step, mesh=mesh, memory_budget=budget, **default)
         plan = step.plan(state, batch)
         m = automap.measure(step.lower(state, batch).compile(FAST))
         wire, memory, budgeted = verdict(m, got[best])
@@ -162,10 +193,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--topology", default=None, help="a Topology preset the default plan is searched under")
+    parser.add_argument("--workload", metavar="FILE.py:FN", help="this model in place of the corpus configurations")
+    parser.add_argument("--experts", default="expert", metavar="REGEX",
+                        help="--workload: the expert weights' input paths (their Adam moments too), split on dim 0")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    names = args.configs.split(",")
-    verdicts = {name: measure_config(name, args.topology) for name in names}
+    if args.workload:
+        sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # after the imports of search, tactics
+        from fidelity import load_workload
+
+        name, build = load_workload(args.workload)
+        w = build()
+        batch_size = jax.tree.leaves(w.abstract()[1])[0].shape[0]
+        verdicts = {name: measure_workload(name, w, args.experts, batch_size, False, args.topology)}
+    else:
+        verdicts = {name: measure_config(name, args.topology) for name in args.configs.split(",")}
+    names = list(verdicts)
     met = [n for n, v in verdicts.items() if v == "<= in both"]
     budgeted = [n for n, v in verdicts.items() if v.endswith("budget: <= in both")]
     print(f"\ndefault <= the better hand-written expert plan in bytes and memory: {len(met)} of {len(names)} "

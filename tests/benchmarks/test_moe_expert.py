@@ -18,18 +18,41 @@ def _bench():
 
 
 def test_hand_written_plans_per_model():
-    from automap.zoo.corpus.moe import MoEConfig
-
     bench = _bench()
-    einsum = list(bench.plans("einsum", MoEConfig(batch=8), None))
+    experts = bench.EXPERTS
+    einsum = list(bench.plans(experts, 8, False, None))
     assert einsum == ["hand EP, batch on data", "hand EP, batch on both", "dp + expert_parallel",
                       "dp + expert_parallel + megatron", "default"]
-    four = list(bench.plans("einsum", MoEConfig(batch=4), None))
+    four = list(bench.plans(experts, 4, False, None))
     assert four[:2] == ["hand EP, batch on data", "dp + expert_parallel"]  # 4 does not divide over 8 devices
-    assert list(bench.plans("ragged", MoEConfig(), None))[:2] == ["hand EP, batch whole", "hand EP, batch on data"]
-    rules = bench.plans("einsum", MoEConfig(), None)["hand EP, batch on data"]["tactics"][0].rules
-    assert [(k, tuple(v)) for k, v in rules] == [(r"w_in$|w_out$", ("model", None, None)), (r"^batch/", ("data",))]
-    assert bench.plans("einsum", MoEConfig(), "h100-8")["default"]["topology"].name == "h100-8"
+    assert list(bench.plans(experts, 2, True, None))[:2] == ["hand EP, batch whole", "hand EP, batch on data"]
+    rules = bench.plans(experts, 2, False, None)["hand EP, batch on data"]["tactics"][0].rules
+    assert [(k, tuple(v)) for k, v in rules] == [(r"w_in$|w_out$", ("model",)), (r"^batch/", ("data",))]
+    assert bench.plans(experts, 2, False, "h100-8")["default"]["topology"].name == "h100-8"
+
+
+def test_expert_leaves_checks_the_expert_count():
+    import types
+
+    import jax
+    import pytest
+
+    bench = _bench()
+
+    def plan(shapes):
+        avals = [jax.ShapeDtypeStruct(s, "float32") for s in shapes.values()]
+        return types.SimpleNamespace(program=types.SimpleNamespace(input_paths=list(shapes)),
+                                     traced=types.SimpleNamespace(in_avals=avals))
+
+    ok = plan({"state/params/experts/w1": (8, 4, 16), "state/params/experts/w2": (8, 16, 4),
+               "state/params/attn/kernel": (8, 2, 4), "batch/x": (2, 4)})
+    assert bench.expert_leaves(ok, "experts/") == "2 inputs match 'experts/' (8 experts; shapes (8, 16, 4), (8, 4, 16))"
+    with pytest.raises(SystemExit, match="one expert count divisible by 4"):
+        bench.expert_leaves(ok, "kernel|x$")  # two counts, 8 and 2 (the batch)
+    with pytest.raises(SystemExit, match="one expert count divisible by 4"):
+        bench.expert_leaves(plan({"w": (6, 4)}), "w")  # 6 experts: 'model' (4) does not divide them
+    with pytest.raises(SystemExit, match="one expert count divisible by 4"):
+        bench.expert_leaves(ok, "nothing")
 
 
 def test_reference_and_verdicts():
