@@ -44,10 +44,12 @@ memory outside 25% in 2, dot FLOPs outside 5% in 0; jit parity 0 of 18, the defa
   convolution; the default plan splits the sequence, which XLA keeps split with a halo exchange
   (2 collective-permutes, 2 KiB) where the conv rule keeps overlapping windows whole and gathers
   (:func:`automap.rules.conv_windows.tiled_spatial_dims`: halos not modelled).
-- fno fsdp memory 0.71 (temp 113 KiB against XLA's 131 KiB; left): the FFTs run whole
-  (``runs_whole``: gathered, transformed, sliced). On the spectral layer alone, x (8, 64, 32) split
-  on the batch over data, XLA's temp is the replicated program's (135 KiB against 133 KiB), the
-  estimate's 101 KiB; counting each FFT's whole result at the op overshoots (167 KiB): dropped.
+- fno fsdp memory 0.71, now 1.00 (191.8 KiB against XLA's 190.9 KiB): XLA:CPU combines only
+  all-reduces of one element type, so the two spectral layers' complex64 weight gradients (32 KiB
+  each) go in one all-reduce, apart from their norms' float32 sums, where the estimate kept them
+  apart as a float32 gradient summed again into the norm is
+  (:func:`automap.cost.schedule.combined_reductions`). The FFTs run whole (``runs_whole``:
+  gathered, transformed, sliced).
 - unet fsdp_tp memory 1.27 (temp 697 KiB, XLA's 421 KiB), now 1.20: XLA fuses the nearest-neighbour
   upsampling's gathers into the concatenation with the skip, no buffer of their own (the estimate
   stored them: ``automap.cost.bufferless_lookups.fused_lookups``; the other unet plans 1.05-1.12 -> 1.04-1.09).
