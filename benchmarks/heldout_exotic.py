@@ -20,8 +20,9 @@ AdamW via the zoo's train step; batch 8, tokens (8, 16) of vocab 64, 8 classes.
 Every primitive in them has a factor rule (none replicated around, none derived), and no plan
 fails. Measured on jax 0.10.2 / flax 0.12.8, mesh 2x4 (48 plans): bytes sent outside 10% in 2,
 memory outside 25% in 2, dot FLOPs outside 5% in 0; jit parity 0 of 18, the default dominated in
-0 of 18. Before the estimate knew that XLA:CPU computes bfloat16 in float32, mixed_bf16 alone had
-3 / 5 / 0 outside (next, and the four left below):
+0 of 18 (rerun after the fno fix below: 1 / 0 / 0, flax_rare default bytes 1.13 left; parity and
+dominated unchanged). Before the estimate knew that XLA:CPU computes bfloat16 in float32,
+mixed_bf16 alone had 3 / 5 / 0 outside (next, and the four left below):
 
 - mixed_bf16 data_parallel, megatron_dp, fsdp, fsdp_tp, manual_fsdp memory 0.73, 0.66, 0.63, 0.63,
   0.58, now 1.06, 1.01, 0.95, 0.93, 0.90; fsdp, fsdp_tp, manual_fsdp bytes sent 0.84, 0.89, 0.50,
@@ -44,10 +45,13 @@ memory outside 25% in 2, dot FLOPs outside 5% in 0; jit parity 0 of 18, the defa
   convolution; the default plan splits the sequence, which XLA keeps split with a halo exchange
   (2 collective-permutes, 2 KiB) where the conv rule keeps overlapping windows whole and gathers
   (:func:`automap.rules.conv_windows.tiled_spatial_dims`: halos not modelled).
-- fno fsdp memory 0.71 (temp 113 KiB against XLA's 131 KiB; left): the FFTs run whole
-  (``runs_whole``: gathered, transformed, sliced). On the spectral layer alone, x (8, 64, 32) split
-  on the batch over data, XLA's temp is the replicated program's (135 KiB against 133 KiB), the
-  estimate's 101 KiB; counting each FFT's whole result at the op overshoots (167 KiB): dropped.
+- fno fsdp memory 0.71, now 1.00 (191.8 KiB against XLA's 190.9 KiB; fsdp_tp 0.96 -> 1.01,
+  manual_fsdp 0.86 -> 1.01): XLA:CPU combines only
+  all-reduces of one element type, so the two spectral layers' complex64 weight gradients (32 KiB
+  each) go in one all-reduce, apart from their norms' float32 sums, where the estimate kept them
+  apart as a float32 gradient summed again into the norm is
+  (:func:`automap.cost.schedule.combined_reductions`). The FFTs run whole (``runs_whole``:
+  gathered, transformed, sliced).
 - unet fsdp_tp memory 1.27 (temp 697 KiB, XLA's 421 KiB), now 1.20: XLA fuses the nearest-neighbour
   upsampling's gathers into the concatenation with the skip, no buffer of their own (the estimate
   stored them: ``automap.cost.bufferless_lookups.fused_lookups``; the other unet plans 1.05-1.12 -> 1.04-1.09).

@@ -7,9 +7,13 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+import numpy as np
+
 from automap.ir.program import Program
 
-__all__ = ["F32_COMPUTED", "computed_itemsize", "stored_in_f32"]
+__all__ = ["F32_COMPUTED", "computed_dtype", "computed_itemsize", "stored_in_f32"]
+
+_FLOAT32 = np.dtype("float32")
 
 F32_COMPUTED = ("bfloat16",)
 """Dtypes XLA:CPU has no kernels for: its float normalization computes their ops in float32 (a
@@ -31,6 +35,19 @@ def computed_itemsize(value) -> int:
     """
     wide = value.kind == "intermediate" and _computed_in_f32(value.dtype)
     return 4 if wide else value.itemsize
+
+
+def computed_dtype(value) -> np.dtype:
+    """The element type XLA:CPU computes ``value`` in, as :func:`computed_itemsize` sizes it (a
+    bfloat16 partial sum is all-reduced in float32, in the float32 reductions' combined group).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> prog = lower(jax.make_jaxpr(lambda x: jnp.tanh(x) * 2)(jnp.ones(8, jnp.bfloat16)), ["x"], ["y"])
+    >>> str(computed_dtype(prog.values[0])), str(computed_dtype(prog.values[1]))
+    ('bfloat16', 'float32')
+    """
+    return _FLOAT32 if value.kind == "intermediate" and _computed_in_f32(value.dtype) else value.dtype
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,7 +31,7 @@ from automap.cost.bufferless_lookups import fused_lookups, scalar_broadcasts
 from automap.cost.schedule import breadth_first_starts, entry_order
 from automap.cost.unfused_operands import unfused_reduction_operands
 from automap.cost.unrolled import inline_unrolled_scans
-from automap.cost.cpu_float32 import computed_itemsize, stored_in_f32
+from automap.cost.cpu_float32 import computed_dtype, computed_itemsize, stored_in_f32
 from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
                                   recomputed_beside_dots, replaces_workspace, windowed_reductions)
 from automap.ir.program import Op, Program
@@ -109,7 +109,8 @@ def temp_peak(
     first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
     read_as = constants_as_read(program, ops, size) if cpu and not body else {}
     made = _producers(program, ops)
-    moved, combined = ({}, {}) if body or not cpu else entry_order(ops, index, reshards, made, size, outputs)
+    moved, combined = ({}, {}) if body or not cpu else entry_order(
+        ops, index, reshards, made, size, outputs, lambda v: computed_dtype(program.values[v]))
     spans = [(0 if v in first else moved.get(s, s), e, read_as.get(v, size(v))) for v, s, e in live_ranges.values]
     spans.extend((s, e, size(v) * copies) for s, e, v, copies in live_ranges.unfused)
     early = {} if body or not cpu else program.memo_of(

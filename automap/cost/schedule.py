@@ -15,7 +15,7 @@ from the parameters by a short chain (a reversed kernel) runs near the start of 
 from __future__ import annotations
 
 import bisect
-from typing import Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from automap.analysis import Reshard
 from automap.ir.program import Op
@@ -28,12 +28,13 @@ COMBINED_MOST = 256
 
 def entry_order(
     ops: Sequence[Op], index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]],
-    made: Mapping[int, int], size: Callable[[int], int], outputs: Collection[int],
+    made: Mapping[int, int], size: Callable[[int], int], outputs: Collection[int], dtype: Callable[[int], Any],
 ) -> tuple[dict[int, int], dict[int, int]]:
     """Where XLA runs the ops of an entry computation ``ops`` otherwise than in their order: (position
     -> the earlier one, :func:`early_readers`; position -> the later one where its result's
-    reduction runs, :func:`combined_reductions`)."""
-    return early_readers(ops, index, reshards, made, size, outputs), combined_reductions(ops, index, reshards, size)
+    reduction runs, :func:`combined_reductions`; ``dtype``: value -> its element type)."""
+    return (early_readers(ops, index, reshards, made, size, outputs),
+            combined_reductions(ops, index, reshards, size, dtype))
 
 
 def early_readers(
@@ -106,6 +107,7 @@ def breadth_first_starts(ops: Sequence[Op], buffers: Collection[int]) -> dict[in
 
 def combined_reductions(
     ops: Sequence[Op], index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]], size: Callable[[int], int],
+    dtype: Callable[[int], Any],
 ) -> dict[int, int]:
     """position -> the later position where XLA runs its reduction, of the ops in ``ops`` (an entry
     computation) whose result is reduced whole, then split (a reduce-scatter, or an all-reduce of a
@@ -114,14 +116,19 @@ def combined_reductions(
     :data:`COMBINED_MOST` of them, into one (``CpuAllReduceCombiner``, no byte limit), run when the
     last of their partial results is made, so each partial waits whole until then (a two-layer MLP
     under FSDP: both weight gradients' partials, 64 KiB each, and their reduced copies live
-    together, XLA's 262,224 B of temporaries). A reduction that reads what an earlier one of its
-    group makes starts the next group. Only groups of more than one reduction are listed.
+    together, XLA's 262,224 B of temporaries). XLA combines only reductions of one element type
+    (``GetAllReduceKey``: the reduction's type is part of the key), so the groups are per axes and
+    ``dtype`` (value -> element type). A reduction that reads what an earlier one of its group
+    makes starts the next group. Only groups of more than one reduction are listed.
 
-    A result that a later all-reduced sum is made from (a gradient's square summed into a global
-    norm) is reduced alone: XLA's combiner puts that sum's reduction, which reads it, in the next
-    reduction's group, and so no two such gradients in one (the two-layer MLP's step clipped by its
-    gradients' norm; the zoo GPT under FSDP, clipped by optax: each gradient in its own all-reduce,
-    next to scalars; combined, the estimate was 1.31x XLA's memory)."""
+    A result that a later all-reduced sum of its own element type is made from (a gradient's
+    square summed into a global norm) is reduced alone: XLA's combiner puts that sum's reduction,
+    which reads it, in the next reduction's group, and so no two such gradients in one (the
+    two-layer MLP's step clipped by its gradients' norm; the zoo GPT under FSDP, clipped by optax:
+    each gradient in its own all-reduce, next to scalars; combined, the estimate was 1.31x XLA's
+    memory). A complex gradient's norm is a real sum, combined apart from the complex gradients,
+    which XLA combines (a Fourier layer's two complex64 weights under FSDP: one all-reduce of
+    both; kept apart, the estimate was 0.71x XLA's memory)."""
     whole: dict[int, list[Reshard]] = {}  # position -> its results reduced whole, then split
     for op, rs in reshards.items():
         got = [r for r in rs if r.where == "result" and (
@@ -130,16 +137,17 @@ def combined_reductions(
             whole[index[op]] = got
     if len(whole) < 2:  # no group of more than one
         return {}
-    summed_again = _summed_again(ops, index, reshards, min(whole))
-    axes_of: dict[int, frozenset] = {}
+    types = {dtype(r.value) for rs in whole.values() for r in rs}
+    summed_again = {t: _summed_again(ops, index, reshards, min(whole), lambda v, t=t: dtype(v) == t) for t in types}
+    axes_of: dict[int, tuple[frozenset, Any]] = {}  # position -> the key XLA combines its reduction by
     for i, rs in whole.items():
-        kept = [r for r in rs if r.value not in summed_again]
+        kept = [r for r in rs if r.value not in summed_again[dtype(r.value)]]
         if kept:
-            axes_of[i] = frozenset(a for r in kept for a in r.axes)
+            axes_of[i] = (frozenset(a for r in kept for a in r.axes), dtype(kept[0].value))
     if len(set(axes_of.values())) == len(axes_of):  # each alone on its axes
         return {}
-    groups: dict[frozenset, list[list[int]]] = {}
-    tainted: dict[frozenset, set[int]] = {}  # axes -> values made from its current group's reduced results
+    groups: dict[tuple, list[list[int]]] = {}
+    tainted: dict[tuple, set[int]] = {}  # key -> values made from its current group's reduced results
     for i in range(min(axes_of, default=len(ops)), len(ops)):
         op, axes = ops[i], axes_of.get(i)
         if axes is not None:
@@ -157,11 +165,13 @@ def combined_reductions(
 
 def _summed_again(
     ops: Sequence[Op], index: Mapping[int, int], reshards: Mapping[int, Sequence[Reshard]], after: int,
+    typed: Callable[[int], bool],
 ) -> set[int]:
-    """The values made after position ``after`` (and some before) that a later all-reduced sum is
-    made from: the inputs, and theirs, of every op whose result is all-reduced, up to ``after``."""
+    """The values made after position ``after`` (and some before) that a later all-reduced sum of
+    a value ``typed`` accepts is made from: the inputs, and theirs, of every op whose result is
+    so all-reduced, up to ``after``."""
     summing = {index[op] for op, rs in reshards.items() if op in index and any(
-        r.where == "result" and r.kind == "all-reduce" for r in rs)}
+        r.where == "result" and r.kind == "all-reduce" and typed(r.value) for r in rs)}
     summed: set[int] = set()
     for i in range(max(summing, default=after), after, -1):
         op = ops[i]
