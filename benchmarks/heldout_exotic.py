@@ -20,8 +20,8 @@ AdamW via the zoo's train step; batch 8, tokens (8, 16) of vocab 64, 8 classes.
 Every primitive in them has a factor rule (none replicated around, none derived), and no plan
 fails. Measured on jax 0.10.2 / flax 0.12.8, mesh 2x4 (48 plans): bytes sent outside 10% in 2,
 memory outside 25% in 2, dot FLOPs outside 5% in 0; jit parity 0 of 18, the default dominated in
-0 of 18 (rerun after the fno fix below: 1 / 0 / 0, flax_rare default bytes 1.13 left; parity and
-dominated unchanged). Before the estimate knew that XLA:CPU computes bfloat16 in float32,
+0 of 18; now 1 / 0 / 0 (after the router and fno fixes below; flax_rare default bytes 1.13 left;
+parity and dominated unchanged). Before the estimate knew that XLA:CPU computes bfloat16 in float32,
 mixed_bf16 alone had 3 / 5 / 0 outside (next, and the four left below):
 
 - mixed_bf16 data_parallel, megatron_dp, fsdp, fsdp_tp, manual_fsdp memory 0.73, 0.66, 0.63, 0.63,
@@ -34,13 +34,16 @@ mixed_bf16 alone had 3 / 5 / 0 outside (next, and the four left below):
   (:func:`automap.cost.cpu_float32.computed_itemsize`, ``Traits.platform_unscattered``). With the
   first two alone, manual_fsdp bytes 0.73. Its default plan changed with the estimate: XLA's
   bytes sent 88.0 -> 72.9 KiB, memory 374.8 -> 207.3 KiB.
-- router manual_fsdp bytes 0.67 (left): the expert einsums' weights are split on their hidden
+- router manual_fsdp bytes 0.67, now 1.00 (235.8 KiB, XLA's the same): the expert einsums' weights are split on their hidden
   features, the tokens on the batch, over the same axes. Forward, XLA gathers the tokens (the
   larger weight keeps its split, as ``automap.xla_layout`` has it); backward, it moves the hidden
   activations' cotangent to the batch by all-to-alls (4 x 16 KiB), gathers both weights again
   (2 x 32 KiB) and the (4, 32, 8, 16) hidden values (64 KiB), and reduce-scatters the weight
   gradient, where the estimate keeps the cotangent on the features and reduce-scatters the token
-  gradient (16 KiB): a Shardy ordering in the backward that ``automap.xla_layout`` does not follow.
+  gradient (16 KiB): a Shardy ordering in the backward that ``automap.xla_layout`` did not follow.
+  The outer product ``bth,bte->bthe`` of the backward was taken as a pass-through op, whose
+  operands, holding fewer factors, proposed nothing before the last round; a contraction now
+  propagates with the other dots (``automap.xla_layout._pass_through``).
 - flax_rare default bytes 1.13 (left): ``nn.ConvLocal`` extracts patches with an identity-kernel
   convolution; the default plan splits the sequence, which XLA keeps split with a halo exchange
   (2 collective-permutes, 2 KiB) where the conv rule keeps overlapping windows whole and gathers
