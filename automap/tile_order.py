@@ -162,3 +162,32 @@ def _merged(short: Spec, long: Spec, differ: list[int]) -> bool:
         return False
     return any(short[i] and not long[j] and tuple(long[i]) == tuple(short[i]) + tuple(short[j])
                for i, j in (differ, differ[::-1]))
+
+
+def chained_moves(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int]) -> tuple | None:
+    """((kind, axes, bytes per device), ...) of XLA's partitioner moving a value's axes between its
+    dims (no axis gathered) where a dim both gives up an axis and takes another: one all-to-all per
+    (source dim, target dim) pair, in turn, each of the whole piece; where the dims given up and
+    the dims taken are apart, one all-to-all moves every axis at once (as the estimate prices any
+    move: None). Measured on jax 0.10.2, mesh 2x4: (8, 16, 8) and (16, 16, 16) from ('data',
+    'model', ()) to ((), 'data', 'model') and back, and from ('model', 'data', ()) to ((), 'model',
+    'data'): an all-to-all over 'model' and one over 'data' (the estimate's one over both sent 1/4
+    of XLA's bytes); (8, 16, 8, 8) from ('data', 'model', (), ()) to ((), (), 'data', 'model'): one.
+
+    >>> chained_moves((("data",), ("model",), ()), ((), ("data",), ("model",)), 512, {"data": 2, "model": 4})
+    (('all-to-all', ('data',), 64), ('all-to-all', ('model',), 64))
+    >>> print(chained_moves((("data",), ("model",), (), ()), ((), (), ("data",), ("model",)), 512, {"data": 2, "model": 4}))
+    None
+    """
+    source = {a: d for d, axes in enumerate(actual) for a in axes}
+    target = {a: d for d, axes in enumerate(wanted) for a in axes}
+    if source.keys() != target.keys():
+        return None
+    moved = [a for a in source if source[a] != target[a]]
+    if not {source[a] for a in moved} & {target[a] for a in moved}:
+        return None
+    per_device = nbytes // math.prod(sizes[a] for a in source)
+    pairs: dict[tuple[int, int], list[str]] = {}
+    for a in moved:
+        pairs.setdefault((source[a], target[a]), []).append(a)
+    return tuple(("all-to-all", tuple(axes), per_device) for _, axes in sorted(pairs.items()))
