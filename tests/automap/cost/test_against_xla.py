@@ -2248,3 +2248,26 @@ def test_a_move_along_a_chain_of_dims_is_one_all_to_all_per_axis(held, wanted):
     assert sorted((r.kind, r.axes) for r in reshards(state)) == sorted((op.kind, op_axes(op, MESH_2X4)) for op in xla.ops) == [
         ("all-to-all", ("data",)), ("all-to-all", ("model",))]
     assert estimate(state).wire_bytes == xla.wire_bytes == 224
+
+
+@pytest.mark.parametrize("queries, head_dim, y_spec, kinds", [
+    (17, 8, P(), {("all-gather", ("b",))}),
+    (17, 8, P(("data", "a", "b")), {("all-gather", ("b",)), ("all-gather", ("data", "a", "b"))}),
+    (4, 64, P(None, None, ("data", "a")), {("all-reduce", ("b",))}),
+    (4, 64, P(("data", "a", "b")), {("all-gather", ("b",)), ("all-gather", ("data", "a", "b"))}),
+])
+def test_an_attention_gradient_split_on_its_heads_and_head_dim_gathers_the_sum_as_xla_groups_it(queries, head_dim, y_spec, kinds):
+    """An attention's backward ``bhdq,bkhd->bhqk``, ``x``'s heads on ('data', 'a') as the result's
+    and its head dim (summed) on 'b': XLA's dot partitioner groups the devices by the heads and,
+    in each group, gathers ``x`` over 'b' and runs the sum whole where the result is larger than
+    ``x`` (17 queries), sums partial results where it is smaller (4 queries, a head dim of 64),
+    and against a partner split on its batch over all 8 devices (gathered whole) gathers ``x``
+    whatever the sizes (:func:`automap.whole_gathers.summed_whole_in_batch_groups`; the held-out
+    ViT's ``manual_fsdp``). The estimate all-reduced the result over 'b' every time."""
+    mesh_axes = {"data": 2, "a": 2, "b": 2}
+    args = [jnp.ones((8, 4, head_dim, queries)), jnp.ones((8, queries, 4, head_dim))]
+    state, xla = _laid_out_as_xla_lays_it_out(lambda x, y: jnp.sin(jnp.einsum("bhdq,bkhd->bhqk", x, y)), args,
+                                              [P(None, ("data", "a"), "b"), y_spec, P(None, ("data", "a"))], mesh_axes)
+    assert {(r.kind, r.axes) for r in reshards(state)} == {(op.kind, op_axes(op, mesh_axes)) for op in xla.ops} == kinds
+    assert estimate(state).wire_bytes == xla.wire_bytes
+    assert estimate(state).dot_flops == xla.dot_flops
