@@ -191,3 +191,39 @@ def chained_moves(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, i
     for a in moved:
         pairs.setdefault((source[a], target[a]), []).append(a)
     return tuple(("all-to-all", tuple(axes), per_device) for _, axes in sorted(pairs.items()))
+
+
+def joined_axes(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int]) -> tuple | None:
+    """((kind, axes, bytes per device), ...) of XLA's partitioner resharding a value of ``nbytes``
+    whose axes ``A`` leave one dim for another that holds nothing, axes ``N`` the value does not
+    hold joining them there ((-, 'data') to (('data', 'model'), -)); None for any other pair. It
+    slices over ``N`` first, then moves the wanted piece by one all-to-all over ``A`` (which lands
+    minor to ``N``), and permutes it where the dim wants ``A`` before ``N``. Measured on jax 0.10.2,
+    an (8, 4, 17, 17) array: (-, 'data') to (('data', 'model'), ...) on 2x4, (-, 'model') to
+    (('model', 'data'), ...) and (-, ('data', 'a')) to (('data', 'a', 'b'), ...) on 2x2x2, an
+    all-to-all and a permute of the piece (an attention's probabilities going from its heads to
+    its batch, the held-out ViT's ``manual_fsdp``: the estimate moved the held piece, 0.32x XLA's
+    bytes sent); (-, 'model') to (('data', 'model'), ...) the all-to-all alone.
+
+    >>> joined_axes(((), ("data",)), (("data", "model"), ()), 36992, {"data": 2, "model": 4})
+    (('all-to-all', ('data',), 4624), ('collective-permute', ('data', 'model'), 4624))
+    >>> joined_axes(((), ("model",)), (("data", "model"), ()), 36992, {"data": 2, "model": 4})
+    (('all-to-all', ('model',), 4624),)
+    """
+    differ = [d for d, (have, want) in enumerate(zip(actual, wanted, strict=True)) if tuple(have) != tuple(want)]
+    if len(differ) != 2:
+        return None
+    held = {a for dim in actual for a in dim}
+    for i, j in (differ, differ[::-1]):
+        left, target = tuple(actual[i]), tuple(wanted[j])
+        new = tuple(a for a in target if a not in left)
+        if left and not wanted[i] and not actual[j] and new and not held & set(new) \
+                and tuple(a for a in target if a in left) == left and len(new) + len(left) == len(target):
+            break
+    else:
+        return None
+    piece = nbytes // math.prod(sizes[x] for dim in wanted for x in dim)
+    moved = (("all-to-all", left, piece),)
+    if target == new + left:
+        return moved
+    return moved + (("collective-permute", tuple(x for x in sizes if x in target), piece),)
