@@ -105,11 +105,8 @@ def displaced_axes(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, 
     >>> displaced_axes((("model",), ()), (("data",), ("model",)), 16384, {"data": 4, "model": 2})
     (('collective-permute', ('data', 'model'), 2048),)
     """
-    differ = [d for d, (have, want) in enumerate(zip(actual, wanted, strict=True)) if tuple(have) != tuple(want)]
-    if len(differ) != 2:
-        return None
     held = {a for dim in actual for a in dim}
-    for i, j in (differ, differ[::-1]):
+    for i, j in _two_dims(actual, wanted):
         left, new = tuple(actual[i]), tuple(wanted[i])
         if left and new and not actual[j] and tuple(wanted[j]) == left and not held & set(new):
             break
@@ -210,11 +207,8 @@ def joined_axes(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int
     >>> joined_axes(((), ("model",)), (("data", "model"), ()), 36992, {"data": 2, "model": 4})
     (('all-to-all', ('model',), 4624),)
     """
-    differ = [d for d, (have, want) in enumerate(zip(actual, wanted, strict=True)) if tuple(have) != tuple(want)]
-    if len(differ) != 2:
-        return None
     held = {a for dim in actual for a in dim}
-    for i, j in (differ, differ[::-1]):
+    for i, j in _two_dims(actual, wanted):
         left, target = tuple(actual[i]), tuple(wanted[j])
         new = tuple(a for a in target if a not in left)
         if left and not wanted[i] and not actual[j] and new and not held & set(new) \
@@ -227,3 +221,10 @@ def joined_axes(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int
     if target == new + left:
         return moved
     return moved + (("collective-permute", tuple(x for x in sizes if x in target), piece),)
+
+
+def _two_dims(actual: Spec, wanted: Spec) -> tuple[tuple[int, int], ...]:
+    """The two dims ``actual`` and ``wanted`` differ on, both ways round; () where they differ on
+    some other number of dims."""
+    differ = [d for d, (have, want) in enumerate(zip(actual, wanted, strict=True)) if tuple(have) != tuple(want)]
+    return (tuple(differ), tuple(differ[::-1])) if len(differ) == 2 else ()
