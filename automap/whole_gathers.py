@@ -2,7 +2,8 @@
 gathered whole, rather than summing partial results: against a partner whole on every mesh
 axis, or one that splits a free dim over an axis the sum is split on, or, within the groups of
 devices a free dim shared with the result makes, against a partner whole in the group and a
-result larger than the operand or a sum split over part of the group. Rules of
+result larger than the operand or a sum split over part of the group (the groups a batch dim
+makes too), or a result splitting the partner's free dims over the whole group. Rules of
 :func:`automap.contraction_layouts.as_xla_contracts`.
 """
 from __future__ import annotations
