@@ -29,7 +29,8 @@ from automap.reshard_bytes import moved_bytes
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
 from automap.split_moves import pieces_moved
-from automap.tile_order import disjoint_retile, displaced_axes, full_rematerialization, tile_permute
+from automap.tile_order import (chained_moves, disjoint_retile, displaced_axes, full_rematerialization, joined_axes,
+                                tile_permute)
 from automap.whole_gathers import grouped_partner
 
 CollectiveKind = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"]
@@ -186,7 +187,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         wanted = compose_spec(dims, fax, rule, sizes)
         nbytes = program.values[vid].nbytes
         retiled = (disjoint_retile(actual, wanted, nbytes, sizes, in_groups) or displaced_axes(actual, wanted, nbytes, sizes)
-                   or full_rematerialization(actual, wanted, nbytes, sizes))
+                   or full_rematerialization(actual, wanted, nbytes, sizes) or chained_moves(actual, wanted, nbytes, sizes)
+                   or joined_axes(actual, wanted, nbytes, sizes))
         if retiled and retiled[-1][0] == "all-gather" and _grouped_partner_at(op, state) == pos:
             retiled = None  # gathered whole for the dot's groups, then sliced (automap.whole_gathers.grouped_partner)
         if retiled:
@@ -214,7 +216,8 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
                 out.append((here, kind, axes, whole // share, "result"))
         if retiled := (disjoint_retile(implied, actual, nbytes, sizes, in_groups and not contraction)
-                       or displaced_axes(implied, actual, nbytes, sizes) or full_rematerialization(implied, actual, nbytes, sizes)):
+                       or displaced_axes(implied, actual, nbytes, sizes) or full_rematerialization(implied, actual, nbytes, sizes)
+                       or chained_moves(implied, actual, nbytes, sizes) or joined_axes(implied, actual, nbytes, sizes)):
             out += [(here, kind, axes, moved, "result", *group) for kind, axes, moved, *group in retiled]
             continue
         gather, move = _diff(implied, actual)

@@ -105,11 +105,8 @@ def displaced_axes(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, 
     >>> displaced_axes((("model",), ()), (("data",), ("model",)), 16384, {"data": 4, "model": 2})
     (('collective-permute', ('data', 'model'), 2048),)
     """
-    differ = [d for d, (have, want) in enumerate(zip(actual, wanted, strict=True)) if tuple(have) != tuple(want)]
-    if len(differ) != 2:
-        return None
     held = {a for dim in actual for a in dim}
-    for i, j in (differ, differ[::-1]):
+    for i, j in _two_dims(actual, wanted):
         left, new = tuple(actual[i]), tuple(wanted[i])
         if left and new and not actual[j] and tuple(wanted[j]) == left and not held & set(new):
             break
@@ -162,3 +159,72 @@ def _merged(short: Spec, long: Spec, differ: list[int]) -> bool:
         return False
     return any(short[i] and not long[j] and tuple(long[i]) == tuple(short[i]) + tuple(short[j])
                for i, j in (differ, differ[::-1]))
+
+
+def chained_moves(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int]) -> tuple | None:
+    """((kind, axes, bytes per device), ...) of XLA's partitioner moving a value's axes between its
+    dims (no axis gathered) where a dim both gives up an axis and takes another: one all-to-all per
+    (source dim, target dim) pair, in turn, each of the whole piece; where the dims given up and
+    the dims taken are apart, one all-to-all moves every axis at once (as the estimate prices any
+    move: None). Measured on jax 0.10.2, mesh 2x4: (8, 16, 8) and (16, 16, 16) from ('data',
+    'model', ()) to ((), 'data', 'model') and back, and from ('model', 'data', ()) to ((), 'model',
+    'data'): an all-to-all over 'model' and one over 'data' (the estimate's one over both sent 1/4
+    of XLA's bytes); (8, 16, 8, 8) from ('data', 'model', (), ()) to ((), (), 'data', 'model'): one.
+
+    >>> chained_moves((("data",), ("model",), ()), ((), ("data",), ("model",)), 512, {"data": 2, "model": 4})
+    (('all-to-all', ('data',), 64), ('all-to-all', ('model',), 64))
+    >>> print(chained_moves((("data",), ("model",), (), ()), ((), (), ("data",), ("model",)), 512, {"data": 2, "model": 4}))
+    None
+    """
+    source = {a: d for d, axes in enumerate(actual) for a in axes}
+    target = {a: d for d, axes in enumerate(wanted) for a in axes}
+    if source.keys() != target.keys():
+        return None
+    moved = [a for a in source if source[a] != target[a]]
+    if not {source[a] for a in moved} & {target[a] for a in moved}:
+        return None
+    per_device = nbytes // math.prod(sizes[a] for a in source)
+    pairs: dict[tuple[int, int], list[str]] = {}
+    for a in moved:
+        pairs.setdefault((source[a], target[a]), []).append(a)
+    return tuple(("all-to-all", tuple(axes), per_device) for _, axes in sorted(pairs.items()))
+
+
+def joined_axes(actual: Spec, wanted: Spec, nbytes: int, sizes: Mapping[str, int]) -> tuple | None:
+    """((kind, axes, bytes per device), ...) of XLA's partitioner resharding a value of ``nbytes``
+    whose axes ``A`` leave one dim for another that holds nothing, axes ``N`` the value does not
+    hold joining them there ((-, 'data') to (('data', 'model'), -)); None for any other pair. It
+    slices over ``N`` first, then moves the wanted piece by one all-to-all over ``A`` (which lands
+    minor to ``N``), and permutes it where the dim wants ``A`` before ``N``. Measured on jax 0.10.2,
+    an (8, 4, 17, 17) array: (-, 'data') to (('data', 'model'), ...) on 2x4, (-, 'model') to
+    (('model', 'data'), ...) and (-, ('data', 'a')) to (('data', 'a', 'b'), ...) on 2x2x2, an
+    all-to-all and a permute of the piece (an attention's probabilities going from its heads to
+    its batch, the held-out ViT's ``manual_fsdp``: the estimate moved the held piece, 0.32x XLA's
+    bytes sent); (-, 'model') to (('data', 'model'), ...) the all-to-all alone.
+
+    >>> joined_axes(((), ("data",)), (("data", "model"), ()), 36992, {"data": 2, "model": 4})
+    (('all-to-all', ('data',), 4624), ('collective-permute', ('data', 'model'), 4624))
+    >>> joined_axes(((), ("model",)), (("data", "model"), ()), 36992, {"data": 2, "model": 4})
+    (('all-to-all', ('model',), 4624),)
+    """
+    held = {a for dim in actual for a in dim}
+    for i, j in _two_dims(actual, wanted):
+        left, target = tuple(actual[i]), tuple(wanted[j])
+        new = tuple(a for a in target if a not in left)
+        if left and not wanted[i] and not actual[j] and new and not held & set(new) \
+                and tuple(a for a in target if a in left) == left and len(new) + len(left) == len(target):
+            break
+    else:
+        return None
+    piece = nbytes // math.prod(sizes[x] for dim in wanted for x in dim)
+    moved = (("all-to-all", left, piece),)
+    if target == new + left:
+        return moved
+    return moved + (("collective-permute", tuple(x for x in sizes if x in target), piece),)
+
+
+def _two_dims(actual: Spec, wanted: Spec) -> tuple[tuple[int, int], ...]:
+    """The two dims ``actual`` and ``wanted`` differ on, both ways round; () where they differ on
+    some other number of dims."""
+    differ = [d for d, (have, want) in enumerate(zip(actual, wanted, strict=True)) if tuple(have) != tuple(want)]
+    return (tuple(differ), tuple(differ[::-1])) if len(differ) == 2 else ()
