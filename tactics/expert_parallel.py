@@ -222,17 +222,26 @@ class ExpertParallel:
         """Whether ``state`` splits some expert weight's expert dim over the axis (this tactic ran)."""
         return any(self.axis in state.spec(e.weight)[e.dim] for e in experts_of(ctx))
 
+    def batch_elsewhere(self, ctx: PlanContext, state: ShardingState) -> bool:
+        """Whether ``state`` splits the batch over another axis than this one (data parallelism
+        ran there): the tokens-whole layout (``tokens=False``) then is the hand-written one, the
+        batch on one axis and the experts on this one, with no all-to-all."""
+        return any(a != self.axis for vid, d in self._batch(ctx).items() for a in state.spec(vid)[d])
+
+    def _batch(self, ctx: PlanContext) -> dict[int, int]:
+        key = ("batch_dims", ctx.data_inputs, ctx.state_inputs)  # shared with data_parallel
+        if key not in ctx.program.memo:
+            ctx.program.memo[key] = batch_dims(ctx)
+        return ctx.program.memo[key]
+
     def _tokens(
         self, ctx: PlanContext, state: ShardingState, notes: list[str], reasons: dict[int, str]
     ) -> list[Action]:
         """Split the batch over the axis too (GShard's layout: outside the experts each device of
         the axis holds its own tokens), where it divides."""
         tag = f"expert_parallel({self.axis!r})"
-        key = ("batch_dims", ctx.data_inputs, ctx.state_inputs)  # shared with data_parallel
-        if key not in ctx.program.memo:
-            ctx.program.memo[key] = batch_dims(ctx)
         actions = []
-        for vid, d in ctx.program.memo[key].items():
+        for vid, d in self._batch(ctx).items():
             action = Action(vid, d, self.axis)
             why_not = refusal(state, action, tag, f"tokens {ctx.program.values[vid].name}")
             if why_not:
