@@ -63,6 +63,7 @@ def _macros() -> dict[str, Callable[[str], Any]]:
 DEFAULT_MACROS = ("data_parallel", "megatron", "fsdp", "expert_parallel", "expert_parallel_tokens_whole",
                   "sequence_parallel")
 EXPERT_MACROS = ("expert_parallel", "expert_parallel_tokens_whole")
+CALLED_AS = {"expert_parallel_tokens_whole": ("expert_parallel", "tokens=False")}  # a macro's name in plan notes
 REFINES = {"sequence_parallel": "megatron"}  # a macro that refines another's regions on the same axis
 
 
@@ -189,8 +190,9 @@ class SearchSpace:
         return names[0] + (f" (+{len(names) - 1} alike)" if len(names) > 1 else "")
 
     def describe(self, action: Move) -> str:
-        if isinstance(action, TacticAction):
-            return f"{action.tactic}({action.axis!r})"
+        if isinstance(action, TacticAction):  # as the tactic is called (``tactics.expert_parallel(axis, tokens=False)``)
+            called, *extra = CALLED_AS.get(action.tactic, (action.tactic,))
+            return f"{called}({', '.join([repr(action.axis), *extra])})"
         return f"{self.group_name(action.group)} dim {action.dim} on {action.axis!r}"
 
     def _macro(self, state: ShardingState, action: TacticAction) -> ShardingState | None:
