@@ -3,7 +3,7 @@
 automap's rule for ``split`` keeps the split dim whole (:func:`automap.rules.shape._split`): the
 operand's axes there are gathered, and pieces wanted split along it are sliced locally. XLA
 (jax 0.10.2, Shardy) hands the partitioner one ``slice`` per piece whose sliced dim is a
-permutation factor shared with the operand (:func:`automap.xla_layout._split_as_shardy`): where
+permutation factor shared with the operand (:func:`automap.shardy_shape_rules.split_as_shardy`): where
 the pieces are split along that dim over axes ``A``, it first reshards the operand to the pieces'
 layout, ``A`` on the split dim (a dim where the operand holds more axes than the pieces keeps
 them), then moves each piece's share from the device holding it by collective-permutes, one per
