@@ -173,6 +173,14 @@ def _expressible(op: Op, fax: dict[int, Axes], sizes: dict[str, int]) -> dict[in
     return out
 
 
+def _retiled(actual: Spec, wanted: Spec, nbytes: int, sizes, in_groups: bool) -> tuple | None:
+    """XLA's own way of moving a value from ``actual`` to ``wanted`` where it has one
+    (:mod:`automap.tile_order`'s rules, the first that applies); None for a plain gather / all-to-all."""
+    return (disjoint_retile(actual, wanted, nbytes, sizes, in_groups) or displaced_axes(actual, wanted, nbytes, sizes)
+            or full_rematerialization(actual, wanted, nbytes, sizes) or chained_moves(actual, wanted, nbytes, sizes)
+            or joined_axes(actual, wanted, nbytes, sizes))
+
+
 def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
     """The op's reshards as (linked position, kind, axes, bytes, where[, devices per group where a
     subgroup of the axes' devices runs it])."""
@@ -186,9 +194,7 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
         actual = state.spec(vid)
         wanted = compose_spec(dims, fax, rule, sizes)
         nbytes = program.values[vid].nbytes
-        retiled = (disjoint_retile(actual, wanted, nbytes, sizes, in_groups) or displaced_axes(actual, wanted, nbytes, sizes)
-                   or full_rematerialization(actual, wanted, nbytes, sizes) or chained_moves(actual, wanted, nbytes, sizes)
-                   or joined_axes(actual, wanted, nbytes, sizes))
+        retiled = _retiled(actual, wanted, nbytes, sizes, in_groups)
         if retiled and retiled[-1][0] == "all-gather" and _grouped_partner_at(op, state) == pos:
             retiled = None  # gathered whole for the dot's groups, then sliced (automap.whole_gathers.grouped_partner)
         if retiled:
@@ -215,9 +221,7 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             whole = _per_device(nbytes, implied, sizes)
             for kind, axes, share in _partial_sum(groups, implied, actual, contraction, sizes):
                 out.append((here, kind, axes, whole // share, "result"))
-        if retiled := (disjoint_retile(implied, actual, nbytes, sizes, in_groups and not contraction)
-                       or displaced_axes(implied, actual, nbytes, sizes) or full_rematerialization(implied, actual, nbytes, sizes)
-                       or chained_moves(implied, actual, nbytes, sizes) or joined_axes(implied, actual, nbytes, sizes)):
+        if retiled := _retiled(implied, actual, nbytes, sizes, in_groups and not contraction):
             out += [(here, kind, axes, moved, "result", *group) for kind, axes, moved, *group in retiled]
             continue
         gather, move = _diff(implied, actual)

@@ -47,7 +47,7 @@ def split_dim(axes: Axes, dim: DimFactors, rule: FactorRule, sizes: Mapping[str,
     return out
 
 
-def minor_most(f: int, dim: DimFactors, rule: FactorRule) -> bool:
+def _minor_most(f: int, dim: DimFactors, rule: FactorRule) -> bool:
     """Whether factor ``f`` of ``dim`` is its minor-most of more than one element."""
     return f in dim and all(rule.factors[g].size == 1 for g in dim[dim.index(f) + 1:])
 
@@ -72,7 +72,7 @@ def padded_factors(rule: FactorRule, permutation: bool = False) -> frozenset[int
     dims = [dim for value in rule.operands + rule.results for dim in value]
     kinds = ("parallel", "reduction", "permutation") if permutation else ("parallel", "reduction")
     return frozenset(f for f, factor in enumerate(rule.factors)
-                     if factor.size > 1 and factor.kind in kinds and all(minor_most(f, dim, rule) for dim in dims if f in dim))
+                     if factor.size > 1 and factor.kind in kinds and all(_minor_most(f, dim, rule) for dim in dims if f in dim))
 
 
 def compose_dim(dim: DimFactors, fax: Mapping[int, Axes], rule: FactorRule, sizes: Mapping[str, int]) -> Axes:

@@ -77,7 +77,12 @@ class ProgramBuilder:
 def call_start(ops: Sequence[Op], at: int) -> int:
     """``at``, or where the user's remat call holding ``ops[at]`` begins: ops put in before that
     position leave the call's ops in one run (emission wraps each run in one ``jax.checkpoint``,
-    whose body reads only the call's inputs)."""
+    whose body reads only the call's inputs).
+
+    >>> ops = [Op(i, "sin", (i,), (i + 1,), None, "", "", "backward", {}, remat=r) for i, r in enumerate([(), (0,), (0,)])]
+    >>> call_start(ops, 2), call_start(ops, 0)
+    (1, 0)
+    """
     if at >= len(ops) or not ops[at].remat:
         return at
     rid = ops[at].remat[0]
