@@ -20,6 +20,7 @@ from typing import Iterable, Literal, Sequence
 
 from automap.factors import Axes, compose_dim, compose_spec, solution, solve_factors
 from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
+from automap.conv_halos import HALO_PRIMITIVES, halo_moves, summed_groups
 from automap.gather_reuse import gathered_apart, grouped_on_the_sum
 from automap.indexed_ops import INDEXED, indices_first, indices_moved_to_idle, made_whole
 from automap.ir.program import Op, Program
@@ -208,7 +209,7 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             out.append((pos, "all-gather", gather, _per_device(nbytes, after, sizes), "operand"))
         if move:
             out.append((pos, "all-to-all", move, _per_device(nbytes, actual, sizes), "operand"))
-    groups = [axes for f in rule.reduction_factors if (axes := fax.get(f, ()))]
+    groups = summed_groups(op, fax)
     contraction = traits_of(op.primitive).contraction is not None
     for pos, (vid, dims) in enumerate(zip(op.linked_outputs, rule.results, strict=True)):
         if not dims and not groups:
@@ -231,7 +232,7 @@ def _templates(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
             out.append((here, "all-gather", gather, _per_device(nbytes, actual, sizes), "result"))
         if move:
             out.append((here, "all-to-all", move, _per_device(nbytes, implied, sizes), "result"))
-    return tuple(out) + _permutation_moves(op, state, fax)
+    return tuple(out) + _permutation_moves(op, state, fax) + halo_moves(op, state, fax)
 
 
 def _grouped_partner_at(op: Op, state: ShardingState) -> int | None:
@@ -375,6 +376,7 @@ def reshards(state: ShardingState) -> list[Reshard]:
         linked = op.linked
         unshared = gathered_apart(op, analyses[i][1], state)
         grouped = None  # computed on the op's first gather, once
+        halos = set(halo_moves(op, state, analyses[i][0])) if op.primitive in HALO_PRIMITIVES else set()
         for pos, kind, axes, nbytes, where, *group in analyses[i][1]:
             vid = linked[pos]
             count = mult
@@ -385,7 +387,8 @@ def reshards(state: ShardingState) -> list[Reshard]:
                 kind = "all-reduce"  # XLA:CPU merges the two slices (automap.merged_slices)
             elif kind == "all-reduce" and where == "result" and sliced_once(state, analyses, index, vid, axes):
                 kind = "reduce-scatter"  # the reader's slice keeps the group's share (automap.merged_slices)
-            if kind in ("all-gather", "collective-permute") and where == "operand" and pos != unshared:
+            halo = (pos, kind, axes, nbytes, where, *group) in halos  # each its own (automap.conv_halos)
+            if kind in ("all-gather", "collective-permute") and where == "operand" and pos != unshared and not halo:
                 if grouped is None:
                     grouped = grouped_on_the_sum(op, state, analyses[i][1]) if op.primitive == "dot_general" else ()
                 key = (vid, kind, axes, region, grouped, *group)  # a gather in groups is another one

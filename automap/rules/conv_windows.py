@@ -1,5 +1,7 @@
 """Which spatial dims of a convolution XLA's partitioner splits: those whose windows tile the
-input (:func:`tiled_spatial_dims`), for the conv rule (:mod:`automap.rules.dot`)."""
+input (:func:`tiled_spatial_dims`) and those whose overlapping windows it runs split with a halo
+exchange (:func:`windowed_spatial_dims`, :func:`summed_window_dims`), for the conv rule
+(:mod:`automap.rules.dot`)."""
 from __future__ import annotations
 
 import math
@@ -16,7 +18,7 @@ def tiled_spatial_dims(ctx: RuleContext, dimension_numbers: Any, window_strides:
     major, times the window offset (minor, kept whole): XLA's partitioner splits it over the
     output positions with no halo (a 4x4 patch conv, its input's 16 rows on 'model': 4 output
     rows per device, no collective). A kernel split on its window dim is gathered; windows that
-    overlap (a 3x3 stride-1 conv) need a halo exchange, not modelled: those dims stay whole.
+    overlap (a 3x3 stride-1 conv) need a halo exchange (:func:`windowed_spatial_dims`).
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.ir.lower import lower
@@ -39,6 +41,63 @@ def tiled_spatial_dims(ctx: RuleContext, dimension_numbers: Any, window_strides:
         if strided and unpadded and undilated and lhs.shape[lhs_spec[2 + i]] == size * window:
             tiled.append(i)
     return tiled
+
+
+def windowed_spatial_dims(ctx: RuleContext, dimension_numbers: Any, window_strides: Sequence[int], padding: Any,
+                          lhs_dilation: Any, rhs_dilation: Any) -> list[int]:
+    """The spatial dims (0 = the first) whose overlapping windows XLA runs split with a halo
+    exchange (:mod:`automap.conv_halos`): not tiled, undilated, at least as many windows as the
+    window is long (Shardy's rule then shares the input dim's major factor with the output's:
+    ``sdy`` propagates a split through the conv), the input ``out * k`` long (stride-``k`` SAME:
+    a 3-wide stride-1 SAME conv over 16 rows, 16 windows). Such an input dim is the output
+    position (major) times ``k`` (minor, kept whole).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> f = lambda x, w: jax.lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
+    >>> rule = lower(jax.make_jaxpr(f)(jnp.ones((2, 16, 8)), jnp.ones((3, 8, 8))), ["x", "w"], ["y"]).ops[0].rule
+    >>> rule.operands[0][1], rule.results[0][1], rule.factors[rule.results[0][1][0]]  # rows shared, halos priced
+    ((3,), (3,), Factor(size=16, kind='parallel'))
+    """
+    tiled = tiled_spatial_dims(ctx, dimension_numbers, window_strides, padding, lhs_dilation, rhs_dilation)
+    return [i for i, window, windows, length in _undilated_dims(ctx, dimension_numbers, padding, lhs_dilation,
+                                                                 rhs_dilation)
+            if i not in tiled and 1 < window <= windows and length % windows == 0]
+
+
+def summed_window_dims(ctx: RuleContext, dimension_numbers: Any, window_strides: Sequence[int], padding: Any,
+                       lhs_dilation: Any, rhs_dilation: Any) -> list[int]:
+    """The spatial dims (0 = the first) whose window is longer than the output (a kernel
+    gradient's: the window is the output's cotangent, the output the kernel's few taps) that XLA
+    runs split along the window, a partial sum with a halo exchange of the input
+    (:mod:`automap.conv_halos`): undilated, stride 1, explicit padding, the input ``window * k``
+    long. Shardy's rule shares the input dim's major factor with the kernel's there.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.rules.registry import Factor
+    >>> conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
+    >>> grad = jax.grad(lambda w, x: conv(x, w).sum())  # its kernel gradient: x (2, 16, 8) against dy (2, 16, 8)
+    >>> prog = lower(jax.make_jaxpr(grad)(jnp.ones((3, 8, 8)), jnp.ones((2, 16, 8))), ["w", "x"], ["dw"])
+    >>> rule = [op for op in prog.ops if op.primitive == "conv_general_dilated"][-1].rule
+    >>> [rule.factors[f] for f in rule.operands[0][1]] == [Factor(16, "reduction")] == [rule.factors[f] for f in rule.operands[1][1]]
+    True
+    """
+    return [i for i, window, windows, length in _undilated_dims(ctx, dimension_numbers, padding, lhs_dilation,
+                                                                 rhs_dilation)
+            if (not window_strides or window_strides[i] == 1) and windows < window and length % window == 0]
+
+
+def _undilated_dims(ctx: RuleContext, dimension_numbers: Any, padding: Any, lhs_dilation: Any,
+                    rhs_dilation: Any) -> list[tuple[int, int, int, int]]:
+    """``(i, window, windows, input length)`` of each spatial dim ``i`` without dilation, the
+    padding given as pairs (as jaxprs hold it)."""
+    if isinstance(padding, str):
+        return []
+    lhs_spec, rhs_spec, out_spec = dimension_numbers
+    (lhs, rhs), out = ctx.operands, ctx.results[0]
+    return [(i, rhs.shape[rhs_spec[2 + i]], out.shape[out_spec[2 + i]], lhs.shape[lhs_spec[2 + i]])
+            for i in range(len(lhs_spec) - 2) if all(not d or d[i] == 1 for d in (lhs_dilation, rhs_dilation))]
 
 
 def swapped_window_ratio(ctx: RuleContext, dimension_numbers: Any, window_strides: Sequence[int], padding: Any,

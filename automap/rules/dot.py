@@ -6,7 +6,8 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from automap.rules.conv_windows import swapped_window_ratio, tiled_spatial_dims
+from automap.rules.conv_windows import (summed_window_dims, swapped_window_ratio, tiled_spatial_dims,
+                                        windowed_spatial_dims)
 from automap.rules.registry import Factor, FactorRule, RuleContext, einsum, letters, register, replicated
 from automap.rules.traits import CPU_BF16_IN_F32, ELEMENTWISE, contraction
 
@@ -270,7 +271,9 @@ def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int 
           batch_group_count: int = 1, window_strides: Sequence[int] = (), padding: Any = (),
           lhs_dilation: Any = None, rhs_dilation: Any = None, **_: Any) -> FactorRule:
     """Batch and output features parallel, input features a reduction, spatial dims whole but
-    for the tiled ones (:func:`tiled_spatial_dims`: a patch embedding's, a 1x1 conv's).
+    for the tiled ones (:func:`tiled_spatial_dims`: a patch embedding's, a 1x1 conv's) and the
+    windowed ones (:func:`windowed_spatial_dims`: a stride-1 SAME conv's, split with halos; and
+    :func:`summed_window_dims`: a kernel gradient's, summed over the split window).
 
     With ``G = feature_group_count`` groups the feature dims are ``(g, ci)`` (input), ``(g, og)``
     (kernel output and output) and ``ci`` (kernel input). A depthwise conv (``ci == 1``) is
@@ -327,6 +330,12 @@ def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int 
     for i in tiled_spatial_dims(ctx, dimension_numbers, window_strides, padding, lhs_dilation, rhs_dilation):
         position = odims[out_spec[2 + i]] = factor(out.shape[out_spec[2 + i]])
         ldims[lhs_spec[2 + i]] = position + factor(rhs.shape[rhs_spec[2 + i]], "blocked")  # then the offset
+    for i in windowed_spatial_dims(ctx, dimension_numbers, window_strides, padding, lhs_dilation, rhs_dilation):
+        position = odims[out_spec[2 + i]] = factor(out.shape[out_spec[2 + i]])  # split with halos (automap.conv_halos)
+        ldims[lhs_spec[2 + i]] = position + factor(lhs.shape[lhs_spec[2 + i]] // out.shape[out_spec[2 + i]], "blocked")
+    for i in summed_window_dims(ctx, dimension_numbers, window_strides, padding, lhs_dilation, rhs_dilation):
+        tap = rdims[rhs_spec[2 + i]] = factor(rhs.shape[rhs_spec[2 + i]], "reduction")  # summed, with halos
+        ldims[lhs_spec[2 + i]] = tap + factor(lhs.shape[lhs_spec[2 + i]] // rhs.shape[rhs_spec[2 + i]], "blocked")
     # XLA partitions a feature-grouped convolution along its groups first: a kernel split on them
     # splits the input's features to match, the examples left whole where their axes collide
     # (a depthwise kernel's channels on 'data' against the examples on ('data', 'model'): the

@@ -2306,3 +2306,45 @@ def test_axes_joining_new_ones_on_another_dim_are_moved_as_a_sliced_piece(mesh_a
     state, xla = _laid_out_as_xla_lays_it_out(lambda x, y: x * y, args, [held, wanted, wanted], mesh_axes)
     assert sorted(r.kind for r in reshards(state)) == sorted(op.kind for op in xla.ops) == kinds
     assert estimate(state).wire_bytes == xla.wire_bytes
+
+
+def _windowed_conv_1d(stride, padding):
+    return lambda x, w: jax.lax.conv_general_dilated(x, w, (stride,), padding, dimension_numbers=("NWC", "WIO", "NWC"))
+
+
+def _conv_and_input_gradient(x, w):  # a SAME conv, then its input gradient (the cotangent's halos)
+    y, back = jax.vjp(lambda x: _windowed_conv_1d(1, "SAME")(x, w), x)
+    return back(y)[0]
+
+
+@pytest.mark.parametrize("fn, shapes, spec", [
+    (_windowed_conv_1d(1, "SAME"), [(2, 16, 8), (3, 8, 8)], P(None, "model")),  # a row each side: 2 x 64 B
+    (_windowed_conv_1d(1, "SAME"), [(2, 16, 8), (5, 8, 8)], P(None, "data")),  # 2 rows each side: 2 x 128 B
+    (_windowed_conv_1d(2, "SAME"), [(2, 16, 8), (3, 8, 8)], P(None, "model")),  # the right side only: 1 x 64 B
+    (_windowed_conv_1d(2, "SAME"), [(2, 16, 8), (5, 8, 8)], P(None, "model")),  # 1 row left, 2 right
+    (_windowed_conv_1d(1, "SAME"), [(2, 8, 8), (5, 8, 8)], P(None, D_M)),  # 2 rows a side, a shard holds 1: 4 hops of 64 B
+    (_conv, [(2, 16, 16, 8), (3, 3, 8, 8)], P(None, "model")),  # 2-D: a row each side, 2 x 1,024 B
+    (_conv_and_input_gradient, [(2, 16, 8), (3, 8, 8)], P(None, "model")),  # forward and backward: 4 x 64 B
+    # and the kernel gradient (the cotangent its window, split along it): 2 more permutes, its sum
+    # all-reduced (on all 8 devices: an axis left idle, XLA all-reduces over it too)
+    (jax.grad(lambda x, w: (_windowed_conv_1d(1, "SAME")(x, w) ** 2).sum(), (0, 1)), [(2, 16, 8), (3, 8, 8)],
+     P(None, D_M)),
+    # 2-D, rows on 'data', columns on 'model': the columns' halos hold the rows' (640 B, not 512);
+    # the kernel gradient summed over both in one all-reduce
+    (jax.grad(lambda x, w: (_conv(x, w) ** 2).sum(), (0, 1)), [(2, 16, 16, 8), (3, 3, 8, 8)],
+     P(None, "data", "model")),
+])
+def test_a_conv_split_along_overlapping_windows_exchanges_halos(fn, shapes, spec):
+    """XLA keeps a conv's input split along a spatial dim whose windows overlap (a stride-1 or 2
+    SAME conv), its output split the same way, and collective-permutes each device the rows its
+    windows read beyond its shard. The estimate kept such dims whole: it gathered the input (and
+    flax's ``nn.ConvLocal`` default plan sent 1.13x XLA's bytes); the halos are now priced as
+    XLA's collective-permutes (:mod:`automap.conv_halos`). A kernel gradient (the cotangent its
+    window) runs split along the window likewise, its partial sum all-reduced."""
+    outs = jax.eval_shape(fn, *[jnp.ones(s) for s in shapes])
+    specs = [spec, P()] + [spec if out.shape[0] == 2 else P() for out in jax.tree.leaves(outs)]
+    state, xla = _laid_out_as_xla_lays_it_out(fn, [jnp.ones(s) for s in shapes], specs)
+    est = estimate(state)
+    assert {op.kind for op in xla.ops} - {"all-reduce"} == {"collective-permute"}
+    assert sorted((c.kind, c.bytes) for c in est.collectives) == sorted((op.kind, op.bytes) for op in xla.ops)
+    assert est.wire_bytes == xla.wire_bytes

@@ -111,8 +111,9 @@ ROWS = [
     row("conv_patch_rows_columns", patch, [(4, 16, 16, 3), (4, 4, 3, 16)], {"x": P(None, "data", "model")},
         P(None, "data", "model"), set()),
     row("conv_1x1_rows", pointwise, [(4, 8, 8, 4), (1, 1, 4, 16)], {"x": P(None, "model")}, P(None, "model"), set()),
-    # overlapping windows need a halo exchange: the rows stay whole (gathered)
-    row("conv_3x3_rows_whole", conv, [(8, 8, 6, 4), (3, 3, 4, 16)], {"x": P(None, "model")}, P(), {"all-gather"}),
+    # overlapping windows: the rows stay split, each device sent its windows' halo rows (automap.conv_halos)
+    row("conv_3x3_rows_halos", conv, [(8, 8, 6, 4), (3, 3, 4, 16)], {"x": P(None, "model")}, P(None, "model"),
+        {"collective-permute"}),
     # XLA partitions a grouped (not depthwise) conv in no dim, not even its batch: gathered
     row("conv_grouped_whole", grouped, [(8, 6, 6, 8), (3, 3, 2, 16)],
         {"x": P("data"), "k": P(None, None, None, "model")},
