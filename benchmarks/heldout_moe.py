@@ -93,6 +93,11 @@ unsharded step's), default / the better hand EP plan (the batch on data in each)
 Fidelity (``fidelity.py --episodes 16``, mesh 2x4, 8 plans): Qwen-MoE bytes sent outside 10% in
 0, memory outside 25% in 0, dot FLOPs outside 5% in 0, jit parity 0 of 3, dominated 0 of 3
 (default 297.1 / 301.2 KiB sent, 711.9 / 706.1 KiB memory, estimated / XLA).
+GPT-OSS: bytes sent outside 10% in 1, memory outside 25% in 1, dot FLOPs outside 5% in 0, jit
+parity 0 of 3, dominated 0 of 3 (default 143.2 / 143.2 KiB sent, 936.2 / 835.3 KiB memory). Out:
+fsdp_tp, bytes 1.37 (438.2 / 319.6 KiB), memory 1.28 (715.5 / 557.6 KiB); every row's memory is
+over XLA's (1.12 to 1.28; not diagnosed: the strided gate/up slices and the sinks' concatenate are
+what GPT-OSS adds to Qwen3-MoE, whose rows are not yet measured).
 
 Package MoE layers tried for issue 21's GShard-style top-2 (stacked expert weights) that do not
 import on jax 0.10.2 / Python 3.11: maxtext 0.2.5 (Python >= 3.12; its ``moe.py`` imports tokamax,
