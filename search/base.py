@@ -7,7 +7,7 @@ import numbers
 from typing import Any, Mapping, Protocol
 
 from automap.shardings import ShardingState
-from search.space import Move, Score, SearchSpace
+from search.space import DEFAULT_MACROS, Move, Score, SearchSpace, macro_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,3 +73,27 @@ def check_fields(searcher: Any, at_least: Mapping[str, float], optional: tuple[s
     for field in flags:
         if not isinstance(getattr(searcher, field), bool):
             raise TypeError(str(fail(field, getattr(searcher, field), "True or False")))
+
+
+def check_macros(searcher: Any) -> None:
+    """Check a searcher's ``macros`` (the tactic macros its search space offers, by name) and hold
+    them as a tuple; raise naming the unknown ones.
+
+    >>> import search
+    >>> search.MCTS(macros=["data_parallel", "megatron"]).macros
+    ('data_parallel', 'megatron')
+    >>> search.MCTS(macros=("data_parallel", "zero"))
+    Traceback (most recent call last):
+    ...
+    ValueError: MCTS(macros=('data_parallel', 'zero')): unknown macro 'zero'; the macros are data_parallel, ...
+    """
+    macros = searcher.macros
+    if isinstance(macros, str) or not all(isinstance(m, str) for m in macros):
+        raise TypeError(f"{type(searcher).__name__}(macros={macros!r}): macros must be a sequence of macro names, "
+                        f"e.g. {DEFAULT_MACROS!r} (the default)")
+    known = macro_names()
+    for name in macros:
+        if name not in known:
+            raise ValueError(f"{type(searcher).__name__}(macros={tuple(macros)!r}): unknown macro {name!r}; the "
+                             f"macros are {', '.join(known)}")
+    object.__setattr__(searcher, "macros", tuple(macros))

@@ -5,9 +5,9 @@ import dataclasses
 import time
 
 from automap.shardings import ShardingError, ShardingState
-from search.base import SearchResult, SearchStats, check_fields
+from search.base import SearchResult, SearchStats, check_fields, check_macros
 from search.objective import Objective
-from search.space import GroupAction, Move, Score, SearchSpace
+from search.space import DEFAULT_MACROS, GroupAction, Move, Score, SearchSpace
 
 STRICT = Objective(tolerance=0.0)
 
@@ -104,10 +104,12 @@ class Greedy:
     """
 
     max_steps: int = 32
+    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
     name: str = "greedy"
 
     def __post_init__(self) -> None:
         check_fields(self, {"max_steps": 0})
+        check_macros(self)
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()

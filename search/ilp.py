@@ -44,14 +44,14 @@ from typing import Callable, Sequence
 
 
 from automap.shardings import ShardingError, ShardingState
-from search.base import SearchResult, SearchStats, check_fields
+from search.base import SearchResult, SearchStats, check_fields, check_macros
 from search.ceiling import Ceiling
 from search.compose import compositions
 from search.greedy import replay
 from search.objective import Objective
 from search.overlay import Replayer
 from search.pairwise_model import PairwiseModel, fits_ceiling, latencies
-from search.space import GroupAction, Move, Score, SearchSpace
+from search.space import DEFAULT_MACROS, GroupAction, Move, Score, SearchSpace
 
 MERGE_FIRST = 2  # a space is sized after its tied groups merge only when within this factor of the limit before
 OPTIMAL = "optimal under the pairwise cost model"  # the note of a result the solver proved
@@ -177,10 +177,12 @@ class ILP:
     max_rounds: int = 64  # integer programs solved in all, each cutting off a plan the real model rejects
     time_limit_s: float = 30.0  # for all the solves together: then the best plan found stands
     ceiling: Ceiling | None = None  # bytes sent and memory a plan may not exceed (as MCTS holds to)
+    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
     name: str = "ilp"
 
     def __post_init__(self) -> None:
         check_fields(self, {"max_evaluations": 1, "max_rounds": 1, "time_limit_s": 0.0})
+        check_macros(self)
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from search.base import SearchResult, SearchStats, check_fields
+from search.base import SearchResult, SearchStats, check_fields, check_macros
 from search.compose import ceiling_of, compositions, expert_ceiling, expert_plan, tactic_compositions, undominated, whole_mesh_fsdp
 from search.objective import Objective
 from search.progress import Progress
-from search.space import Plan, Score, SearchSpace
+from search.space import DEFAULT_MACROS, Plan, Score, SearchSpace
 from search.stages import Chain, Compose, Found, LeanestTie, Polish, Refine, Repair, Sweep, Tree, chain
 from search.tree import RolloutFn, SelectFn, random_rollout, uct_select
 
@@ -29,9 +29,14 @@ class MCTS:
     The fastest composition that fits sets a ceiling (``expert_ceiling``, see ``search/ceiling.py``):
     the answer sends no more bytes and holds no more memory than that expert plan, and replaces it
     only when faster, or, within ``tie_tolerance`` of it, clearly leaner. The result's ``notes``
-    name the plan.
+    name the plan. ``macros``: the tactics it composes and offers as moves, by name (default all of
+    :func:`search.space.macro_names`); with none, it decides dim by dim alone:
 
-    >>> import search
+    >>> import automap, search, jax.numpy as jnp
+    >>> step = automap.partition(lambda w, x: jnp.tanh(x @ w).sum(), mesh=automap.make_mesh({"data": 2}),
+    ...                          search=search.MCTS(episodes=4, macros=()), arbiter=None)
+    >>> [n for n in step.plan(jnp.ones((256, 256)), jnp.ones((512, 256))).notes if n.startswith("search: ")]
+    ["search: x dim 0 on 'data'"]
     >>> search.MCTS(episodes=8, seed=0).episodes
     8
     >>> [s.name for s in search.MCTS().stages().stages]
@@ -53,12 +58,14 @@ class MCTS:
     expert_ceiling: bool = True  # never send more bytes or hold more memory than the fastest composition
     preempt: bool = False  # polishing may also decide one group before the plan's actions (costly: replays)
     progress: bool | None = None  # None: a tqdm bar on a terminal once the search has run progress.BAR_DELAY_S
+    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
     name: str = "mcts"
 
     def __post_init__(self) -> None:
         check_fields(self, {"episodes": 1, "seed": 0, "time_budget_s": 0.0, "exploration": 0.0, "rollout_depth": 0,
                             "polish_steps": 0, "refine_work": 0, "sweeps": 0, "tie_tolerance": 0.0},
                      optional=("time_budget_s",), flags=("seed_tactics", "expert_ceiling", "preempt"))
+        check_macros(self)
         for field in ("select_fn", "rollout_fn"):
             if not callable(getattr(self, field)):
                 raise TypeError(f"MCTS({field}={getattr(self, field)!r}): {field} must be a function")

@@ -8,7 +8,7 @@ from automap.cost import Topology, default_topology, parse_bytes
 from automap.report import human_bytes
 from automap.shardings import ShardingState
 from search.base import SearchResult
-from search.space import SearchSpace
+from search.space import DEFAULT_MACROS, SearchSpace
 
 
 class MemoryBudgetError(ValueError):
@@ -52,12 +52,13 @@ def run_search(
     ``keep_user_remat``, the answer without the model's own remat (alone, or with blocks
     recomputed: :func:`search.recompute.without_user_remat`) replaces it when the objective
     orders it first. ``emitted_layout`` (state -> the layout its program compiles to) prices the
-    final candidates (:meth:`search.space.SearchSpace.emitted_score`)."""
+    final candidates (:meth:`search.space.SearchSpace.emitted_score`). The space offers the
+    searcher's ``macros`` (all of them where it names none: a searcher of the user's own)."""
     topology = topology or default_topology()
     budget = budget_bytes(memory_budget, topology)
     space = SearchSpace(
         state, topology=topology, memory_budget=budget, donated=tuple(donated), data_inputs=tuple(data_inputs),
-        context=context, emitted_layout=emitted_layout,
+        context=context, emitted_layout=emitted_layout, macros=getattr(searcher, "macros", DEFAULT_MACROS),
     )
     result = searcher.search(space)
     recomputing: tuple[str, ...] = ()

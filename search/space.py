@@ -55,6 +55,15 @@ def _macros() -> dict[str, Callable[[str], Any]]:
     return MACROS
 
 
+def macro_names() -> tuple[str, ...]:
+    """The tactic macros a search may offer, by name (a searcher's ``macros`` chooses among them).
+
+    >>> macro_names()
+    ('data_parallel', 'megatron', 'fsdp', 'expert_parallel', 'sequence_parallel', 'expert_parallel_tokens_whole')
+    """
+    return tuple(_macros())
+
+
 # expert parallelism both ways: GShard's (the tokens split over the experts' axis too, all-to-alls at
 # the dispatch and combine) and, once the batch is split over another axis, with the tokens whole on
 # the experts' axis (each device routes every token of its batch shard: no all-to-all); the objective

@@ -25,12 +25,12 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from search.base import SearchResult, SearchStats
+from search.base import SearchResult, SearchStats, check_macros
 from search.compose import BEAM_WIDTH, compositions, expert_ceiling, expert_plan
 from search.greedy import best_preemption, best_step, sweep
 from search.ilp import refine
 from search.objective import Objective
-from search.space import Plan, SearchSpace, TacticAction
+from search.space import DEFAULT_MACROS, Plan, SearchSpace, TacticAction
 from search.tree import Node, RolloutFn, SelectFn, grow, path_to, plans_of, random_rollout, run_episodes, uct_select
 
 
@@ -296,7 +296,11 @@ class ChainSearch:
     stages: Chain
     tolerance: float = 0.01
     ceiling: bool = True  # hold to the fastest composition's bytes and memory (search.compose.expert_ceiling)
+    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
     name: str = "chain"
+
+    def __post_init__(self) -> None:
+        check_macros(self)
 
     def search(self, space: SearchSpace) -> SearchResult:
         t0 = time.perf_counter()
