@@ -31,7 +31,8 @@ Templates = tuple  # (linked position, kind, axes, bytes, where), as automap.ana
 
 def pieces_windowed(op, state: ShardingState) -> Templates | None:
     """The reshard templates of ``op``, a ``split`` whose read pieces take one layout with axes
-    on the split dim and the operand's on every other dim, as XLA moves them (module
+    on the split dim and the operand's on every other dim (or split where the operand has it
+    whole: each device slices its block there first, sending nothing), as XLA moves them (module
     docstring); None for any other op or layout, and where XLA's move is not modelled.
 
     >>> import jax, jax.numpy as jnp
@@ -53,8 +54,8 @@ def pieces_windowed(op, state: ShardingState) -> Templates | None:
     (piece,) = layouts
     axis = op.params["axis"] % len(piece)
     along, operand = tuple(piece[axis]), state.spec(op.linked_inputs[0])
-    if not along or any(have != want for d, (have, want) in enumerate(zip(operand, piece, strict=True)) if d != axis):
-        return None
+    if not along or any(have not in (want, ()) for d, (have, want) in enumerate(zip(operand, piece, strict=True)) if d != axis):
+        return None  # another dim whole in the operand is a local slice to the pieces' blocks
     value = program.values[op.linked_inputs[0]]
     dim = value.shape[axis]
     row = value.nbytes // dim // math.prod(state.axes[a] for d, axes in enumerate(piece) if d != axis for a in axes)

@@ -26,8 +26,10 @@ and a scatter-add linked an indexed whole-width dim to its updates). Once outsid
   carried split on the hidden dim where XLA carries it batch-split (f32[1, 32]). Shardy's slice
   rule makes the sliced dim a permutation factor, which moves only in the rounds of every factor
   (``automap.xla_layout._split_as_shardy``): now 0.90 / 1.02 / 1.03 bytes sent, 0.90 / 0.99 / 0.77
-  memory, dot FLOPs equal. XLA still moves the split gates by collective-permutes (fsdp, 10.0 KiB)
-  where the estimate keeps a split's dim whole (``automap.rules.shape._permuted_along``).
+  memory, dot FLOPs equal. XLA moves the split gates by collective-permutes (fsdp, 10.0 KiB): the
+  (8, 96) gates whole on the batch, split on 'data', the pieces on ('data', 'model'); the
+  estimate took that move as an all-to-all until :func:`automap.split_windows.pieces_windowed`
+  let a dim the operand keeps whole be sliced locally (fsdp bytes sent 0.90 -> 0.95).
 - eqx_rope fsdp_tp was bytes 0.85 (a plan without a loop that decided only its inputs: one program,
   priced by ``automap.xla_layout``), now 0.98 (memory 0.94 -> 0.98): the embedding gradient, the scatter-add of a vmapped ``weight[i]`` (every dim of the
   table indexed), did not link the table's whole-width feature dim to the updates' (Shardy's rule
