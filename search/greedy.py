@@ -104,8 +104,8 @@ class Greedy:
     """
 
     max_steps: int = 32
-    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
     name: str = "greedy"
+    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
 
     def __post_init__(self) -> None:
         check_fields(self, {"max_steps": 0})

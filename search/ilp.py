@@ -177,8 +177,8 @@ class ILP:
     max_rounds: int = 64  # integer programs solved in all, each cutting off a plan the real model rejects
     time_limit_s: float = 30.0  # for all the solves together: then the best plan found stands
     ceiling: Ceiling | None = None  # bytes sent and memory a plan may not exceed (as MCTS holds to)
-    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
     name: str = "ilp"
+    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
 
     def __post_init__(self) -> None:
         check_fields(self, {"max_evaluations": 1, "max_rounds": 1, "time_limit_s": 0.0})

@@ -58,8 +58,8 @@ class MCTS:
     expert_ceiling: bool = True  # never send more bytes or hold more memory than the fastest composition
     preempt: bool = False  # polishing may also decide one group before the plan's actions (costly: replays)
     progress: bool | None = None  # None: a tqdm bar on a terminal once the search has run progress.BAR_DELAY_S
-    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
     name: str = "mcts"
+    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
 
     def __post_init__(self) -> None:
         check_fields(self, {"episodes": 1, "seed": 0, "time_budget_s": 0.0, "exploration": 0.0, "rollout_depth": 0,

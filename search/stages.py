@@ -296,8 +296,8 @@ class ChainSearch:
     stages: Chain
     tolerance: float = 0.01
     ceiling: bool = True  # hold to the fastest composition's bytes and memory (search.compose.expert_ceiling)
-    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
     name: str = "chain"
+    macros: tuple[str, ...] = DEFAULT_MACROS  # the tactic macros its space offers (search.space.macro_names)
 
     def __post_init__(self) -> None:
         check_macros(self)
