@@ -67,7 +67,7 @@ from automap.hlo_order import hlo_order
 from automap.ir.program import Op, Program
 from automap.rules.registry import Factor, FactorRule
 from automap.shardings import ShardingState
-from automap.shardy_shape_rules import concatenate_as_shardy, split_as_shardy
+from automap.shardy_shape_rules import concatenate_as_shardy, split_as_shardy, strided_as_shardy, strided_whole
 from automap.shardy_sizes import tensor_size
 from automap.sub_axes import coarsened, refined
 from automap.xla_loops import LINKED, Link, share_owners, with_loop_links
@@ -160,11 +160,14 @@ def _facts_of(op: Op | Link, single: bool, program: Program) -> _Facts:
         return tuple(tuple(_direction(op, level, f, single, elementwise) for f in range(len(rule.factors)))
                      for level in range(len(ROUNDS)))
 
-    taken = split_as_shardy(op) if op.primitive == "split" else concatenate_as_shardy(op, program)
+    strided = op.primitive in ("slice", "pad")
+    taken = (split_as_shardy(op) if op.primitive == "split" else strided_as_shardy(op) if strided
+             else concatenate_as_shardy(op, program))
     rule = taken.rule
     dims_of = rule.operands + rule.results
     holds = [{f for dim in dims for f in dim} for dims in dims_of]
-    queued_as = op if op.primitive == "split" else taken  # a split is queued by its own rule
+    # a split is queued by its own rule, a strided slice or pad by its rule with the dim whole
+    queued_as = op if op.primitive == "split" else strided_whole(op) if strided else taken
     own = directions(queued_as)
     return _Facts(taken, _pass_through(taken.primitive, rule, dims_of), _sized(rule, range(len(rule.factors))), holds,
                   [_sized(rule, h) for h in holds], own if taken is op else directions(taken),

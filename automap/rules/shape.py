@@ -179,13 +179,61 @@ def _permuted_along(ctx: RuleContext, dimension: int) -> FactorRule:
 
 @register("pad", traits=ASSEMBLY)
 def _pad(ctx: RuleContext, *, padding_config: Sequence[tuple[int, int, int]], **_: Any) -> FactorRule:
-    return _along(ctx, {i for i, cfg in enumerate(padding_config) if tuple(cfg) != (0, 0, 0)})
+    """Padded dims stay whole, but one whose interior padding spreads the operand evenly (low and
+    high padding summing to the interior: ``(0, 1, 1)``, a strided slice's gradient), which
+    :func:`_strided` keeps split.
+
+    >>> import numpy as np
+    >>> from automap.rules.registry import Shaped
+    >>> f32 = np.dtype("float32")
+    >>> r = _pad(RuleContext("pad", (Shaped((4, 8), f32), Shaped((), f32)), (Shaped((4, 16), f32),)),
+    ...          padding_config=((0, 0, 0), (1, 0, 1)))
+    >>> r.operands[0], r.results[0], r.factors[2]
+    (((0,), (1,)), ((0,), (1, 2)), Factor(size=2, kind='blocked'))
+    """
+    every = {i: lo + hi + 1 for i, (lo, hi, interior) in enumerate(padding_config)
+             if interior > 0 and lo >= 0 and hi >= 0 and lo + hi == interior}
+    return _strided(ctx, {i for i, cfg in enumerate(padding_config) if tuple(cfg) != (0, 0, 0)}, every)
 
 
 @register("slice", traits=SLICE)
-def _slice(ctx: RuleContext, **_: Any) -> FactorRule:
+def _slice(ctx: RuleContext, *, strides: Sequence[int] | None = None, **_: Any) -> FactorRule:
+    """Sliced dims stay whole, but one that keeps one element of every ``stride`` along the whole
+    dim (``x[..., ::2]``, ``x[..., 1::2]``), which :func:`_strided` keeps split.
+
+    >>> import numpy as np
+    >>> from automap.rules.registry import Shaped
+    >>> f32 = np.dtype("float32")
+    >>> r = _slice(RuleContext("slice", (Shaped((4, 16), f32),), (Shaped((4, 8), f32),)), strides=(1, 2))
+    >>> r.operands[0], r.results[0], r.factors[2]
+    (((0,), (1, 2)), ((0,), (1,)), Factor(size=2, kind='blocked'))
+    """
     x, y = ctx.operands[0], ctx.results[0]
-    return _along(ctx, {i for i, (n, m) in enumerate(zip(x.shape, y.shape)) if n != m})
+    every = {i: s for i, s in enumerate(strides or ()) if s > 1 and x.shape[i] == y.shape[i] * s}
+    return _strided(ctx, {i for i, (n, m) in enumerate(zip(x.shape, y.shape)) if n != m}, every)
+
+
+def _strided(ctx: RuleContext, whole: set[int], every: dict[int, int]) -> FactorRule:
+    """:func:`_along`, but a dim ``d`` in ``every`` (its wider side ``every[d]`` times its
+    narrower: one element of every ``every[d]`` kept, at one offset) read as digits (kept,
+    offset): the kept digit shared by both sides, the offset a blocked digit of the wider side.
+    XLA's partitioner runs such a strided slice or interior pad split along the dim with no
+    collective (each device's block of ``n`` kept elements is its block of ``n * stride``), where
+    the dim whole made the estimate gather it (keras-hub GPT-OSS's gate/up halves
+    ``gate_up[..., ::2]``, ``gate_up[..., 1::2]`` and their gradients)."""
+    every = {d: s for d, s in every.items() if min(ctx.operands[0].shape[d], ctx.results[0].shape[d]) > 1}
+    if not every:
+        return _along(ctx, whole)
+    rule = _along(ctx, whole)  # the strided dims too: given their digits below
+    factors = list(rule.factors)
+    operands, results = [list(dims) for dims in rule.operands], [list(dims) for dims in rule.results]
+    for d, stride in every.items():
+        x, y = ctx.operands[0].shape[d], ctx.results[0].shape[d]
+        kept, offset = len(factors), len(factors) + 1
+        factors += [Factor(min(x, y)), Factor(stride, "blocked")]
+        operands[0][d] = (kept, offset) if x > y else (kept,)
+        results[0][d] = (kept, offset) if y > x else (kept,)
+    return FactorRule(tuple(factors), tuple(map(tuple, operands)), tuple(map(tuple, results)))
 
 
 @register("rev", traits=DATA_MOVEMENT)
