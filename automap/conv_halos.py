@@ -45,9 +45,31 @@ def halo_moves(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
     output (:func:`~automap.rules.conv_windows.summed_window_dims`, the output's taps sliding over
     it, stride 1), per side, ``ceil(rows / shard rows)`` hops of the shard's rows (the last hop the rest),
     each of the input shard's bytes per row; dims exchanged one after the other, a later dim's
-    rows holding the earlier dims' halos."""
+    rows holding the earlier dims' halos. Memoised on the program per (op, factor axes, mesh).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.analysis import op_analyses
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NHC", "HIO", "NHC"))
+    >>> prog = lower(jax.make_jaxpr(conv)(jnp.ones((2, 16, 8)), jnp.ones((3, 8, 8))), ["x", "w"], ["y"])
+    >>> (x, w), (y,), op = prog.inputs, prog.outputs, prog.ops[0]
+    >>> rows = {x: ((), ("model",), ()), y: ((), ("model",), ())}  # 16 rows, 4 a device
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs=rows)
+    >>> halo_moves(op, state, op_analyses(state)[0][0])  # a 3-wide window: one row (2 x 8 x 4 B) a side
+    ((0, 'collective-permute', ('model',), 64, 'operand'), (0, 'collective-permute', ('model',), 64, 'operand'))
+    """
     if op.primitive not in HALO_PRIMITIVES or op.params.get("dimension_numbers") is None:
         return ()
+    memo = state.program.memo.setdefault("halo_moves", {})
+    key = (op.id, tuple(sorted(fax.items())), state.mesh_key)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = _halo_moves(op, state, fax)
+    return got
+
+
+def _halo_moves(op: Op, state: ShardingState, fax: dict[int, Axes]) -> tuple:
     lhs_spec, rhs_spec, out_spec = op.params["dimension_numbers"]
     rule, sizes = op.rule, state.axes
     program = state.program
@@ -92,7 +114,18 @@ def summed_groups(op: Op, fax: dict[int, Axes]) -> list[Axes]:
     spatial dims (:func:`~automap.rules.conv_windows.summed_window_dims`) in one group, where
     the first of them is (measured: a 3x3 conv's kernel gradient, rows on 'data', columns on
     'model': one all-reduce over both, 2,304 B; its batch on 'data' and rows on 'model': one
-    each)."""
+    each).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.analysis import op_analyses
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> prog = lower(jax.make_jaxpr(lambda x, w: x @ w)(jnp.ones((8, 16)), jnp.ones((16, 4))), ["x", "w"], ["y"])
+    >>> (x, w), dot = prog.inputs, prog.ops[0]
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs={x: ((), ("model",)), w: (("model",), ())})
+    >>> summed_groups(dot, op_analyses(state)[0][0])  # the contraction summed split: one all-reduce
+    [('model',)]
+    """
     rule = op.rule
     windows: set[int] = set()
     if op.primitive in HALO_PRIMITIVES and op.params.get("dimension_numbers") is not None:
