@@ -45,7 +45,8 @@ under a heavy shared load (figures estimated / XLA):
   manual_dp 1.00 / 1.20 / 1.00, manual_fsdp 1.07 / 1.24 / 1.00, data_parallel unchanged. fsdp's FLOPs 0.89 is left: the stage-0
   kernel gradient (2 groups, its result stored split on both its groups and its per-group
   inputs) runs whole in XLA (589,824 FLOPs), where the estimate splits its groups on 'data'.
-- hf_albert, hf_clip: build and train (one jitted step); not measured by the deadline.
+- hf_albert, hf_clip: 0 / 0 / 0 outside, parity 0 of 3, dominated 0 of 3 (memory 0.94-1.03 and
+  0.99-1.20, bytes sent 0.97-1.01 and 0.98-1.05).
 """
 import importlib.util
 import os
