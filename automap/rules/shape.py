@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from automap.rules.registry import (
     Factor, FactorRule, RuleContext, einsum, letters, register, replicated,
 )
-from automap.rules.traits import ASSEMBLY, DATA_MOVEMENT, ELEMENTWISE, RELABEL, SLICE
+from automap.rules.traits import ASSEMBLY, DATA_MOVEMENT, ELEMENTWISE, PAD, RELABEL, SLICE
 
 
 @register("broadcast_in_dim", traits=RELABEL)
@@ -177,7 +177,7 @@ def _permuted_along(ctx: RuleContext, dimension: int) -> FactorRule:
                   permuted=term[dimension])
 
 
-@register("pad", traits=ASSEMBLY)
+@register("pad", traits=PAD)
 def _pad(ctx: RuleContext, *, padding_config: Sequence[tuple[int, int, int]], **_: Any) -> FactorRule:
     """Padded dims stay whole, but one whose interior padding spreads the operand evenly (low and
     high padding summing to the interior: ``(0, 1, 1)``, a strided slice's gradient), which

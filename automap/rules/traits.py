@@ -240,7 +240,10 @@ EXPENSIVE_ELEMENTWISE = Traits(output_elements, "loop", "expensive")
 RELABEL = Traits(no_flops, "folded", "fused")  # reshape, broadcast, convert: read in place
 DATA_MOVEMENT = Traits(no_flops, "kernel", "fused")  # copies, transposes, slices
 SLICE = dataclasses.replace(DATA_MOVEMENT, emit="whole_cut_operand")
-ASSEMBLY = Traits(no_flops, "kernel", "result")  # concatenate, pad: a new buffer from fused operands
+ASSEMBLY = Traits(no_flops, "kernel", "result")  # concatenate, stack, tile: a new buffer from fused operands
+# XLA's loop fusion computes a pad inside its readers' kernels, its operand's work with it (a strided
+# slice's gradient: the interior-padded halves of ``gate_up[..., ::2]``, ``[..., 1::2]`` added in one fusion)
+PAD = Traits(no_flops, "loop", "fused")
 UPDATE = Traits(no_flops, "kernel", "kernel", in_place=True)  # in-place updates of a buffer
 REDUCTION = Traits(input_elements, "kernel", "result")
 # XLA:CPU has no bf16 GEMM, convolution, reduction or scatter-add kernel: it computes them in f32 and converts

@@ -229,3 +229,24 @@ def test_an_early_gather_frees_the_shard_it_moved():
     est = step.plan(*_THREE_CONVS_ARGS).estimate.peak_memory_bytes
     xla = automap.measure(step.lower(*_THREE_CONVS_ARGS).compile()).memory_per_device
     assert abs(est / xla - 1) < 0.25, (est, xla)
+
+
+def test_a_strided_slices_gradient_pads_fuse_into_their_readers():
+    """keras-hub GPT-OSS's biased expert MLP (gate and up interleaved along the features,
+    ``gu[:, ::2]``, ``gu[:, 1::2]``), trained: each slice's gradient is a pad with interior
+    padding, and XLA's loop fusion computes both pads and their sum in one kernel, whose buffer the
+    weight gradient's dot and the bias gradient's sum read. Counted as a buffer each, their operands
+    stored, the estimate said 378,880 B against XLA's 216,096 B (75% over; keras-hub GPT-OSS's
+    data_parallel 1.23x XLA's memory); with the pads fused, 215,040 B."""
+    def loss(w, b, x):
+        gu = x @ w + b
+        return (jnp.maximum(gu[:, ::2], 0.0) * gu[:, 1::2]).sum()
+
+    def step(w, b, x):
+        gw, gb = jax.grad(loss, (0, 1))(w, b, x)
+        return w - 0.1 * gw, b - 0.1 * gb
+
+    args = (jax.ShapeDtypeStruct((64, 256), jnp.float32), jax.ShapeDtypeStruct((256,), jnp.float32),
+            jax.ShapeDtypeStruct((512, 64), jnp.float32))
+    est, xla = _estimate_and_measure(step, args, [tactics.data_parallel("data")])
+    assert abs(est / xla - 1) < 0.02, (est, xla)
