@@ -28,11 +28,12 @@ dot FLOPs outside target in 0 / 0 / 0; jit parity 0 of 12, the default dominated
 (estimate / XLA: bytes 0.98-1.01, memory 0.88-1.14, FLOPs 1.00; linen_mixer_scan and nnx_scan
 measured before the fix below, eqx_scan and hk_layer_stack again after it: their tactic plans'
 memory 0.88-0.98 and 0.91-0.99, was 0.95-1.03 and 0.97-1.04). Mesh 4x2, eqx_scan: 0 / 0 / 0
-(memory 0.88-1.05). nnx_scan_long_remat (nnx_scan_long with its ``nnx.remat``), the four tactic
-plans: data_parallel, megatron_dp, fsdp, fsdp_tp memory 1.20, 1.24, 1.00, 1.26 (bytes and FLOPs
-within), left as it is: under data_parallel the backward scan's body (the user's recomputation,
-then the block's backward) peaks at 8,876,032 B by estimate, 4.2 of the f32[8, 4, 128, 128]
-attention-score buffers a device holds (2 MiB each), where XLA's whole temp is 7,679,704 B.
+(memory 0.88-1.05). nnx_scan_long_remat (nnx_scan_long with its ``nnx.remat``), all 8 plans:
+memory 0.95-1.01 (bytes and FLOPs 1.00); data_parallel, megatron_dp, fsdp_tp, manual_megatron_dp
+were 1.20, 1.24, 1.26, 1.20 before the backward body's softmax-gradient row sum took the scores
+gradient's dot into its library fusion (:func:`automap.cost.unfused_operands.library_consumers`):
+the estimate held the dot's result and its unit-dim transpose, 2 MiB each a device, side by side
+(body peak 8,876,032 B, XLA's whole temp 7,679,704 B).
 eqx_scan_long and nnx_scan_long, the four tactic plans: memory 0.97-0.99, bytes 1.00-1.04.
 
 ``remat.py`` (budget 0.8x the smallest XLA-measured expert plan): eqx_scan_long fits, 0.401x the

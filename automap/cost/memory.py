@@ -29,7 +29,7 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 from automap.cost.flops import context
 from automap.cost.bufferless_lookups import fused_lookups, scalar_broadcasts
 from automap.cost.schedule import breadth_first_starts, entry_order
-from automap.cost.unfused_operands import unfused_reduction_operands
+from automap.cost.unfused_operands import library_consumers, unfused_reduction_operands
 from automap.cost.unrolled import inline_unrolled_scans
 from automap.cost.cpu_float32 import computed_dtype, computed_itemsize, stored_in_f32
 from automap.cost.xla_cpu import (constants_as_read, conv_layout_copies, cpu_spans, from_constants, library_fused,
@@ -102,9 +102,10 @@ def temp_peak(
     size = stored_in_f32(program, _sizer(state)) if cpu else _sizer(state)  # XLA:CPU computes bf16 in f32
     library = library_fused(program, ops, size) if cpu else frozenset()
     windowed = windowed_reductions(program, ops, state, library) if cpu else frozenset()
+    consumers = tuple(sorted(library_consumers(program, ops, library, size, outputs).items())) if cpu else ()
     collected = frozenset(r.value for rs in reshards.values() for r in rs)
     live_ranges = _liveness(program, ops, outputs, conv_copies=cpu and not body, cpu=cpu, library=library,
-                            windowed=windowed, collected=collected)
+                            windowed=windowed, collected=collected, consumers=consumers)
     index = live_ranges.index
     first = from_constants(program, ops) if cpu and not body else frozenset()  # made at the start
     read_as = constants_as_read(program, ops, size) if cpu and not body else {}
@@ -249,7 +250,7 @@ class _Liveness:
 def _liveness(
     program: Program, ops: Sequence[Op], outputs: Sequence[int], conv_copies: bool = False, cpu: bool = False,
     library: frozenset[int] = frozenset(), windowed: frozenset[int] = frozenset(),
-    collected: frozenset[int] = frozenset(),
+    collected: frozenset[int] = frozenset(), consumers: tuple[tuple[int, tuple[int, ...]], ...] = (),
 ) -> _Liveness:
     """``conv_copies``: a convolution reads a transposed copy of each operand XLA:CPU transposes
     (:func:`automap.cost.xla_cpu.conv_layout_copies`), not the operand itself (the copy's span is
@@ -258,8 +259,9 @@ def _liveness(
     of the reductions at positions ``library``; the operand of each reduction at positions
     ``windowed``, a buffer that a reduce-window reads: :func:`automap.cost.xla_cpu.windowed_reductions`),
     and its threefry, which holds random bits as two uint32 halves. ``collected``: values a
-    collective reads (stored: :func:`materialized`)."""
-    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu, library, windowed, collected)
+    collective reads (stored: :func:`materialized`); ``consumers``: the ops each library
+    fusion takes in below its reduction (:func:`automap.cost.unfused_operands.library_consumers`)."""
+    key = ("liveness", id(ops), tuple(outputs), conv_copies, cpu, library, windowed, collected, consumers)
     got = program.memo.get(key)
     if got is not None and got.ops is ops:
         return got
@@ -267,7 +269,7 @@ def _liveness(
                                lambda: frozenset(materialized(ops, outputs, collected))))
     unfused: tuple[tuple[int, int, int, int], ...] = ()
     if cpu:
-        cuts, spread = unfused_reduction_operands(program, ops, keep, library)
+        cuts, spread = unfused_reduction_operands(program, ops, keep, library, dict(consumers))
         keep |= cuts | {ops[i].inputs[0] for i in windowed}
         unfused = tuple((s, e, v, 1) for s, e, v in spread)
     out_set = set(outputs)

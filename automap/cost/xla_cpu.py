@@ -15,7 +15,7 @@ from automap.rules import traits_of
 from automap.shardings import ShardingState
 
 __all__ = ["conv_layout_copies", "cpu_spans", "from_constants", "gathers_minor", "library_fused",
-           "pool_gradient_spans", "replaces_workspace", "windowed_reductions"]
+           "over_unit_dims", "pool_gradient_spans", "replaces_workspace", "windowed_reductions"]
 
 LIBRARY_ELEMENTS = 4096
 """The fewest elements on a device of an op's result or operand for XLA:CPU to prefer its YNNPACK
@@ -254,11 +254,20 @@ def library_fused(program: Program, ops: Sequence[Op], size: Callable[[int], int
     :func:`automap.cost.unfused_operands.unfused_reduction_operands` counts)."""
     def candidates() -> tuple[tuple[int, tuple[int, ...]], ...]:
         return tuple((i, (*op.inputs, *op.outputs)) for i, op in enumerate(ops)
-                     if traits_of(op.primitive).memory == "result" and not op.regions)
+                     if traits_of(op.primitive).memory == "result" and not op.regions
+                     and not over_unit_dims(program.values, op))
 
     values = program.values
     return frozenset(i for i, vs in program.memo_of(ops, ("library_candidates",), candidates)
                      if max(size(v) // max(values[v].itemsize, 1) for v in vs) >= LIBRARY_ELEMENTS)
+
+
+def over_unit_dims(values: Mapping, op: Op) -> bool:
+    """Whether ``op`` is a reduction whose reduced dims all hold one element: a bitcast to XLA's
+    algebraic simplifier, no library fusion (an attention's ``(1, b, h, t, 1)`` row term summed
+    to ``(b, h, t)``)."""
+    axes = op.params.get("axes")
+    return axes is not None and all(values[op.inputs[0]].shape[d] == 1 for d in axes)
 
 
 TREE_REDUCTION_WINDOW = 32
