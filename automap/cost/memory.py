@@ -219,7 +219,7 @@ def _copied_in_place(program: Program, ops: Sequence[Op], outputs: Sequence[int]
         copied: set[int] = set()
         other: set[int] = set(outputs)
         for op in ops:
-            flags = conv_layout_copies(op)[:2]
+            flags = conv_layout_copies(op, program)[:2]
             for k, v in enumerate(op.inputs):
                 (copied if k < len(flags) and flags[k] else other).add(v)
             for region in op.regions:
@@ -280,7 +280,7 @@ def _liveness(
         for v in op.outputs:
             if v in keep and v not in out_set and v not in start:
                 start[v] = i
-        copied = conv_layout_copies(op)[:2] if conv_copies else ()
+        copied = conv_layout_copies(op, program)[:2] if conv_copies else ()
         unread = op.unread_operands if op.regions else frozenset()
         for k, v in enumerate(op.inputs):
             if (not (k < len(copied) and copied[k]) or v in own_copies) and v not in unread:

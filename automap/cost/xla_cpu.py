@@ -22,7 +22,7 @@ LIBRARY_ELEMENTS = 4096
 library fusions over its own loop fusion (``IsInstructionPreferredByYnn``,
 ``xla/backends/cpu/ynn_support.cc``)."""
 
-def conv_layout_copies(op: Op) -> tuple[bool, bool, bool]:
+def conv_layout_copies(op: Op, program: Program | None = None) -> tuple[bool, bool, bool]:
     """Whether XLA:CPU runs ``op`` (a ``conv_general_dilated``) on a transposed copy of its input,
     of its kernel, and writes its result transposed from a copy: its ``ConvCanonicalization`` pass
     gives every convolution that is not in Eigen's order (input and result batch, spatial...,
@@ -30,7 +30,10 @@ def conv_layout_copies(op: Op) -> tuple[bool, bool, bool]:
     order, and each transpose that is not the identity is a copy. The forward conv of NHWC/HWIO
     code needs none; its weight gradient transposes all three (the batch is its contraction); its
     input gradient the kernel (in and out swapped). (False, False, False) for other ops and for
-    grouped convs (XLA rewrites those first).
+    grouped convs (XLA rewrites those first), but for a batch-grouped one that ``program`` shows
+    XLA rewrites over a base-dilated dim (not :func:`_expanded_densely`): that dim, inserted
+    before the lhs batch and the kernel's output features, leaves neither operand in Eigen's
+    order, so both are copied (its result, as a weight gradient's, adds nothing).
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.ir.lower import lower
@@ -41,8 +44,11 @@ def conv_layout_copies(op: Op) -> tuple[bool, bool, bool]:
     [(False, False, False), (True, True, True), (False, True, False)]
     """
     numbers = op.params.get("dimension_numbers") if op.primitive == "conv_general_dilated" else None
-    if numbers is None or op.params.get("feature_group_count", 1) != 1 or op.params.get("batch_group_count", 1) != 1:
+    if numbers is None or op.params.get("feature_group_count", 1) != 1:
         return (False, False, False)
+    if op.params.get("batch_group_count", 1) != 1:
+        dilated = program is not None and not _expanded_densely(program, op)
+        return (dilated, dilated, False)
     lhs, rhs, out = numbers  # (batch, feature, spatial...), (out, in, spatial...), (batch, feature, spatial...)
     n = len(lhs)
 
@@ -65,9 +71,9 @@ def cpu_spans(
     - an all-gather along a dim after one of more than one element (:func:`gathers_minor`)
       gathers into a buffer with that dim major and copies it into the row-major layout: the
       gathered operand is there twice at its first use;
-    - a batch-grouped convolution (a depthwise conv's kernel gradient) is expanded into a dense
-      one over the groups a device holds (:func:`_local_groups`): its result that many times
-      over, twice, while it runs;
+    - a batch-grouped convolution (a depthwise conv's kernel gradient, :func:`_expanded_densely`)
+      is expanded into a dense one over the groups a device holds (:func:`_local_groups`): its
+      result that many times over, twice, while it runs;
     - a convolution out of Eigen's order (:func:`conv_layout_copies`) reads transposed copies of
       its operands, each made when the operand is (XLA schedules the transpose right after its
       source; a program input's at the start) and kept until the convolution, which reads them
@@ -149,10 +155,28 @@ def _all_reduce_spans(
 
 
 def _batch_grouped(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op]]:
-    """(position, op) of the batch-grouped convolutions in ``ops`` (a depthwise conv's kernel gradient)."""
+    """(position, op) of the batch-grouped convolutions in ``ops`` that XLA:CPU expands densely
+    (a depthwise conv's kernel gradient, :func:`_expanded_densely`)."""
     return program.memo_of(ops, ("batch_grouped",), lambda: [
         (i, op) for i, op in enumerate(ops)
-        if op.primitive == "conv_general_dilated" and op.params.get("batch_group_count", 1) > 1])
+        if op.primitive == "conv_general_dilated" and _expanded_densely(program, op)])
+
+
+def _expanded_densely(program: Program, op: Op) -> bool:
+    """Whether XLA:CPU's ``ConvolutionGroupConverter`` expands the batch-grouped convolution ``op``
+    into a dense one and masks its diagonal: only where the lhs batch and the kernel's output
+    features both hold exactly the groups (a depthwise conv's kernel gradient, one channel and
+    one output a group). Any other (a grouped conv's kernel gradient, several channels a group;
+    a depthwise one with a channel multiplier) it rewrites into an ungrouped convolution over
+    the groups as a base-dilated spatial dim, no larger than its result (a vmapped 4-group conv
+    over 128 channels: 16 groups of 8, its 12 KiB kernel gradient counted 16 times over, twice,
+    393,216 B, where XLA holds 12 KiB)."""
+    groups = op.params.get("batch_group_count", 1)
+    numbers = op.params.get("dimension_numbers")
+    if groups == 1 or numbers is None:
+        return False
+    lhs, rhs = (program.values[v].shape for v in op.inputs[:2])
+    return lhs[numbers[0][0]] == groups and rhs[numbers[1][0]] == groups
 
 
 def _computed_result_bytes(op: Op, state: ShardingState) -> int:
@@ -183,7 +207,7 @@ def _convs_copying(program: Program, ops: Sequence[Op]) -> list[tuple[int, Op, t
     """(position, op, :func:`conv_layout_copies`) of the convolutions in ``ops`` that copy an operand."""
     return program.memo_of(ops, ("convs_copying",), lambda: [
         (i, op, c) for i, op in enumerate(ops) if op.primitive == "conv_general_dilated"
-        for c in [conv_layout_copies(op)] if any(c[:2])])
+        for c in [conv_layout_copies(op, program)] if any(c[:2])])
 
 
 def gathers_minor(shape: Sequence[int], spec: Sequence[Sequence[str]] | None, axes: Sequence[str],
