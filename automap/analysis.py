@@ -26,6 +26,7 @@ from automap.indexed_ops import INDEXED, indices_first, indices_moved_to_idle, m
 from automap.ir.program import Op, Program
 from automap.loop_invariants import loop_invariants
 from automap.merged_slices import sliced_further, sliced_once
+from automap.mismatched_sums import reordered_sum
 from automap.reshard_bytes import moved_bytes
 from automap.rules import traits_of
 from automap.shardings import ShardingState, Spec
@@ -114,6 +115,8 @@ def _analysis(op: Op, state: ShardingState) -> Analysis:
                     other = _templates(op, state, alt)
                     if moved_bytes(other) < moved_bytes(templates):
                         fax, templates = alt, other
+        if op.primitive == "dot_general" and (reordered := reordered_sum(op, state, fax, templates, _templates)):
+            fax, templates = reordered
         if (split := pieces_moved(op, state, _templates)) is not None:
             templates = split
         detour = 1
