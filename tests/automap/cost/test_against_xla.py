@@ -2525,3 +2525,26 @@ def test_xla_passes_a_strided_slices_split_on_only_with_every_factor():
     assert sorted((r.kind, r.bytes) for r in reshards(state) if not r.reused) == [
         ("all-gather", 16384), ("all-gather", 32768), ("all-to-all", 16384), ("all-to-all", 16384)]
     assert estimate(state).wire_bytes == xla.wire_bytes == 46592
+
+
+_E = "model"
+
+
+@pytest.mark.parametrize("subscripts, shapes, out", [
+    ("estnd,esth->endh", [(4, 8, 16, 4, 8), (4, 8, 16, 32)], P(None, _E)),  # the gradient's heads
+    ("estnd,esth->endh", [(4, 8, 16, 4, 8), (4, 8, 16, 32)], P(None, None, None, _E)),  # its features
+    ("esth,ehnd->estnd", [(4, 8, 16, 32), (4, 32, 4, 8)], P(None, None, None, _E)),
+    ("gsec,gsd->egcd", [(4, 16, 8, 4), (4, 16, 32)], P(_E)),
+])
+def test_a_dot_split_on_a_shared_batch_runs_in_the_results_layout_not_moving_its_result(subscripts, shapes, out):
+    """A vmapped ensemble's attention projection (its members stacked on dim 0, both operands'
+    members on 'model', the sum whole) whose result is wanted on 'model' along a free dim: XLA's
+    dot partitioner moves the operand holding that dim there by an all-to-all and gathers the
+    other, however large; the estimate ran the dot on the members and moved the 4 KiB result (a
+    held-out nnx ensemble's megatron_dp plan: 0.79x XLA's bytes sent)."""
+    state, xla = _laid_out_as_xla_lays_it_out(lambda a, b: jnp.einsum(subscripts, a, b),
+                                              [jnp.ones(s) for s in shapes], [P(_E), P(_E), out])
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == sorted(
+        (op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops)
+    assert sorted(op.kind for op in xla.ops) == ["all-gather", "all-to-all"]
+    assert estimate(state).wire_bytes == xla.wire_bytes
