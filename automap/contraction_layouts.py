@@ -248,8 +248,9 @@ def _moved_result_in_result_layout(op: Op, state, fax: dict[int, Axes], template
 def _shared_batch_moved(op: Op, state, fax: dict[int, Axes]) -> bool:
     """Whether a dot's solution splits only batch factors (dims both operands and the result
     hold), the sum whole, and the result keeps those batches whole: its result moved between dims,
-    XLA's dot partitioner runs the dot in the result's layout, the operand holding the result's split dim moved to it by an all-to-all and
-    the other gathered, whatever their sizes. Measured on jax 0.10.2, mesh 2x4,
+    XLA's dot partitioner runs the dot in the result's layout, the operand holding the result's
+    split dim moved to it by an all-to-all and the other gathered, whatever their sizes. Measured
+    on jax 0.10.2, mesh 2x4,
     ``estnd,esth->endh`` (the weight gradient of a vmapped ensemble's attention projection: both
     operands' members on 'model', the gradient's heads or features on 'model'),
     ``esth,ehnd->estnd`` and ``gsec,gsd->egcd`` alike (the members on 'data' too): an all-gather

@@ -122,7 +122,8 @@ def summed_groups(op: Op, fax: dict[int, Axes]) -> list[Axes]:
     >>> from automap.shardings import ShardingState
     >>> prog = lower(jax.make_jaxpr(lambda x, w: x @ w)(jnp.ones((8, 16)), jnp.ones((16, 4))), ["x", "w"], ["y"])
     >>> (x, w), dot = prog.inputs, prog.ops[0]
-    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs={x: ((), ("model",)), w: (("model",), ())})
+    >>> split_sum = {x: ((), ("model",)), w: (("model",), ())}
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4}).replace(specs=split_sum)
     >>> summed_groups(dot, op_analyses(state)[0][0])  # the contraction summed split: one all-reduce
     [('model',)]
     """

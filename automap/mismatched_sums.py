@@ -162,8 +162,8 @@ def reordered_sum(op: Op, state, fax: dict[int, Axes], templates: Templates,
     takes the smaller operand's order), run split in the larger operand's order where that moves
     fewer bytes: XLA permutes the smaller operand's tiles into that order
     (:func:`automap.tile_order.tile_permute`) and sums the pieces (where the result allows it:
-    :func:`_shared_in_another_order`). Measured on jax 0.10.2, mesh 2x4: ``kb,kn->bn`` with g (96, 8) on ('data', 'model')
-    and w (96, 64) on ('model', 'data'): one 384 B collective-permute and an all-reduce of the
+    :func:`_shared_in_another_order`). Measured on jax 0.10.2, mesh 2x4: ``kb,kn->bn`` with g
+    (96, 8) on ('data', 'model') and w (96, 64) on ('model', 'data'): one 384 B collective-permute and an all-reduce of the
     (8, 64) sum, where both gathered whole were 27,648 B (an equinox GRU's input gradient in its
     scan's backward)."""
     summed, carried = set(op.rule.reduction_factors), {}

@@ -36,7 +36,8 @@ under a heavy shared load (figures estimated / XLA):
   propagation (the inputs-only program the arbiter compiles) split a kernel gradient's lhs batch 8
   ways over 2 groups, and XLA:CPU aborted the process (``convolution_handler.cc:984 Check failed:
   new_input_batch_size % new_output_batch_size == 0``; alone: ``jax.jit`` of such a conv with its
-  lhs batch and result features split k ways aborts whenever k does not divide the groups). The
+  lhs batch and result features split k ways aborts whenever k does not divide the groups:
+  ``python benchmarks/grouped_conv_abort.py``). The
   test ``test_a_grouped_kernel_gradient_is_partitioned_as_xla_partitions_it`` is a strict xfail.
 - nnx_ensemble: megatron_dp bytes sent 0.79 (182.4 / 231.9 KiB: XLA gathers 5x 162.0 KiB over
   'model' at the convs and a dot, the estimate 4x 114.0 KiB); manual_dp memory 1.43 -> 0.98 and

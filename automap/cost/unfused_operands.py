@@ -16,7 +16,7 @@ __all__ = ["library_consumers", "unfused_reduction_operands"]
 
 def unfused_reduction_operands(
     program: Program, ops: Sequence[Op], keep: set[int], library: Collection[int],
-    consumers: Mapping[int, Collection[int]] = {},
+    consumers: Mapping[int, Collection[int]] | None = None,
 ) -> tuple[set[int], list[tuple[int, int, int]]]:
     """What XLA:CPU's reductions at positions ``library`` (:func:`automap.cost.xla_cpu.library_fused`)
     leave outside their fusion (a library fusion of the elementwise work that feeds them alone;
@@ -55,7 +55,7 @@ def unfused_reduction_operands(
     spread: dict[tuple[int, tuple], list[int]] = {}  # (source, shape) -> [first, last, broadcast value]
     for at in sorted(library):
         op = ops[at]
-        below = consumers.get(at, ())
+        below = consumers.get(at, ()) if consumers else ()
         fused = _fused_readers(program, ops, made, keep, at, below) if below else frozenset()
         group = {at, *below}
         stack = [(v, v) for i in group for v in ops[i].inputs if made.get(v, (-1,))[0] not in group]

@@ -83,7 +83,8 @@ def cpu_spans(
       3x3x32x32 kernel split on its input features, gathered for its input gradient, 73,728 B of
       temporaries by XLA's measure, 115,200 B estimated before). Its result, written in Eigen's
       order and then transposed, adds nothing: the transpose runs after the operands' copies are
-      freed (XLA's measure of a weight gradient and of an NCHW convolution). Only in the entry computation (loop bodies are not canonicalised);
+      freed (XLA's measure of a weight gradient and of an NCHW convolution). Only in the entry
+      computation (loop bodies are not canonicalised);
     - a max-pool gradient (``select_and_scatter_add``) is split in two, its selection run in the
       forward (:func:`pool_gradient_spans`; only in the entry computation, where XLA schedules it
       so: in a loop body its workspace is counted at the op, as on other platforms).
