@@ -281,8 +281,9 @@ def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int 
     not even along its batch (it gathers the operands), so those stay whole.
 
     With ``G = batch_group_count`` (a depthwise conv's kernel gradient: the lhs batch dim holds
-    the channels, its feature dim the examples) the lhs batch dim is the groups ``g`` when it has
-    exactly ``G`` entries, shared with the kernel's and the result's output features ``(g, og)``;
+    the channels, its feature dim the examples) the lhs batch dim is the groups ``g`` (a grouped
+    conv's kernel gradient: ``(g, b)``, ``b`` the result's batch), shared with the kernel's and the
+    result's output features ``(g, og)``;
     the lhs features and the kernel's input features are the summed examples ``ci``. XLA
     partitions it so (examples split: a partial sum, all-reduced; channels split: no collective).
 
@@ -302,7 +303,7 @@ def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int 
     lhs, rhs = ctx.operands
     out = ctx.results[0]
     if batch_group_count != 1:
-        if feature_group_count != 1 or lhs.shape[lhs_spec[0]] != batch_group_count:
+        if feature_group_count != 1 or lhs.shape[lhs_spec[0]] % batch_group_count:
             return replicated(ctx)
         return _batch_grouped_conv(ctx, dimension_numbers, batch_group_count)
     groups = feature_group_count
@@ -344,13 +345,18 @@ def _conv(ctx: RuleContext, *, dimension_numbers: Any, feature_group_count: int 
 
 
 def _batch_grouped_conv(ctx: RuleContext, dimension_numbers: Any, groups: int) -> FactorRule:
-    """:func:`_conv` with ``batch_group_count == groups`` == the lhs batch size: factors ``g``
-    (lhs batch; kernel and result output features, outer), ``ci`` (lhs features, kernel input
-    features: summed) and ``og`` (the output features within a group)."""
+    """:func:`_conv` with ``batch_group_count == groups`` dividing the lhs batch: factors ``g``
+    (lhs batch, outer; kernel and result output features, outer), ``b`` (the lhs batch within a
+    group, the result's batch: a grouped conv's kernel gradient, its input features per group;
+    none for a depthwise conv's; blocked, as XLA splits it no way), ``ci`` (lhs features, kernel
+    input features: summed) and ``og`` (the output features within a group)."""
     lhs_spec, rhs_spec, out_spec = dimension_numbers
     lhs, rhs = ctx.operands
     factors = [Factor(groups, "parallel")]
-    g, ci, og = (0,), (), ()
+    g, b, ci, og = (0,), (), (), ()
+    if lhs.shape[lhs_spec[0]] // groups > 1:  # jax.jit given a split of it fails XLA's conv partitioner
+        factors.append(Factor(lhs.shape[lhs_spec[0]] // groups, "blocked"))
+        b = (len(factors) - 1,)
     if lhs.shape[lhs_spec[1]] > 1:
         factors.append(Factor(lhs.shape[lhs_spec[1]], "reduction"))
         ci = (len(factors) - 1,)
@@ -360,7 +366,8 @@ def _batch_grouped_conv(ctx: RuleContext, dimension_numbers: Any, groups: int) -
     ldims: list[tuple[int, ...]] = [() for _ in lhs.shape]
     rdims: list[tuple[int, ...]] = [() for _ in rhs.shape]
     odims: list[tuple[int, ...]] = [() for _ in ctx.results[0].shape]
-    ldims[lhs_spec[0]] = g
+    ldims[lhs_spec[0]] = g + b
+    odims[out_spec[0]] = b
     ldims[lhs_spec[1]] = rdims[rhs_spec[1]] = ci
     rdims[rhs_spec[0]] = odims[out_spec[1]] = g + og
     return FactorRule(tuple(factors), (tuple(ldims), tuple(rdims)), (tuple(odims),))

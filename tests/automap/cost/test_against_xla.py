@@ -421,12 +421,6 @@ def _grouped_kernel_gradient(x, dy):
     return jax.vjp(conv, jnp.ones((8, 8, 32)))[1](dy)[0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the rule that splits a grouped kernel gradient's groups let the search pick input specs from which XLA's own "
-    "propagation (the inputs-only program the arbiter compiles) splits the conv's lhs batch 4 or 8 ways over 2 "
-    "groups, and XLA:CPU aborts the process (convolution_handler.cc:984 Check failed: new_input_batch_size % "
-    "new_output_batch_size == 0; held-out hf_regnet's default plan; python benchmarks/grouped_conv_abort.py): "
-    "the rule is held back, the conv replicated"))
 @pytest.mark.parametrize("x_spec, out_spec, want", [
     (P(D_M), P(), [("all-reduce", D_M, 8192)]),  # the examples split: a partial kernel, summed
     (P(), P(None, None, "model"), []),  # whole inputs, the kernel split by its groups: each device its own group
