@@ -19,7 +19,7 @@ import math
 from typing import Iterable, Literal, Sequence
 
 from automap.factors import Axes, compose_dim, compose_spec, solution, solve_factors
-from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts
+from automap.contraction_layouts import CONTRACTIONS, as_xla_contracts, batch_groups_split_within
 from automap.conv_halos import HALO_PRIMITIVES, halo_moves, summed_groups
 from automap.gather_reuse import gathered_apart, grouped_on_the_sum
 from automap.indexed_ops import INDEXED, indices_first, indices_moved_to_idle, made_whole
@@ -371,6 +371,7 @@ def reshards(state: ShardingState) -> list[Reshard]:
         made.clear()
     out: list[Reshard] = []
     gathered: set[tuple] = set()
+    apart: set[tuple] = set()  # gathers automap.gather_reuse.gathered_apart names
     invariant, trips = loop_invariants(program)
     index = _walk_index(program)
     for i in [i for i, got in enumerate(analyses) if got[1]]:
@@ -391,12 +392,15 @@ def reshards(state: ShardingState) -> list[Reshard]:
             elif kind == "all-reduce" and where == "result" and sliced_once(state, analyses, index, vid, axes):
                 kind = "reduce-scatter"  # the reader's slice keeps the group's share (automap.merged_slices)
             halo = (pos, kind, axes, nbytes, where, *group) in halos  # each its own (automap.conv_halos)
-            if kind in ("all-gather", "collective-permute") and where == "operand" and pos != unshared and not halo:
+            if kind in ("all-gather", "collective-permute") and where == "operand" and not halo:
                 if grouped is None:
                     grouped = grouped_on_the_sum(op, state, analyses[i][1]) if op.primitive == "dot_general" else ()
                 key = (vid, kind, axes, region, grouped, *group)  # a gather in groups is another one
-                reused = key in gathered
-                gathered.add(key)
+                if pos == unshared:
+                    apart.add(key)
+                else:  # a batch-grouped conv run whole shares even those (measured: a RegNet's kernel gradient)
+                    reused = key in gathered or (key in apart and batch_groups_split_within(op, state))
+                    gathered.add(key)
             fields = (op.id, vid, kind, axes, nbytes, count, where, reused, *group)
             r = made.get(fields)
             if r is None:

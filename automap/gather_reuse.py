@@ -8,7 +8,7 @@ a gather made inside the partition groups of a dot grouped on its sum (:func:`gr
 """
 from __future__ import annotations
 
-from automap.contraction_layouts import CONTRACTIONS, Templates, shared_sums
+from automap.contraction_layouts import CONTRACTIONS, Templates, batch_groups_split_within, shared_sums
 from automap.factors import Axes
 from automap.ir.program import Op
 from automap.whole_gathers import summed_whole_in_groups
@@ -26,7 +26,8 @@ def gathered_apart(op: Op, templates: Templates, state=None) -> int | None:
     again; XLA reused the input's first gather on 5 of 16 shapes, exactly those where it is the
     smaller operand (a ResNet's FSDP plan on 2x4: the estimate had assumed it reused). Given the
     op's ``state``, None where the dot gathers its operands for groups of devices and sums whole
-    (:func:`automap.whole_gathers.summed_whole_in_groups`): the partner's whole gather is shared.
+    (:func:`automap.whole_gathers.summed_whole_in_groups`): the partner's whole gather is shared;
+    and where a batch-grouped conv runs whole (:func:`automap.contraction_layouts.batch_groups_split_within`).
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.analysis import op_analyses
@@ -47,7 +48,7 @@ def gathered_apart(op: Op, templates: Templates, state=None) -> int | None:
     gathers = [(nbytes, pos) for pos, kind, _, nbytes, where, *_ in templates if kind == "all-gather" and where == "operand"]
     if len(gathers) != 2 or gathers[0][1] == gathers[1][1]:
         return None
-    if state is not None and summed_whole_in_groups(op, state) is not None:
+    if state is not None and (summed_whole_in_groups(op, state) is not None or batch_groups_split_within(op, state)):
         return None
     return max(gathers)[1] if gathers[0][0] != gathers[1][0] else gathers[0][1]
 

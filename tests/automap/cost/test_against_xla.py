@@ -421,22 +421,55 @@ def _grouped_kernel_gradient(x, dy):
     return jax.vjp(conv, jnp.ones((8, 8, 32)))[1](dy)[0]
 
 
-@pytest.mark.parametrize("x_spec, out_spec, want", [
-    (P(D_M), P(), [("all-reduce", D_M, 8192)]),  # the examples split: a partial kernel, summed
-    (P(), P(None, None, "model"), []),  # whole inputs, the kernel split by its groups: each device its own group
+@pytest.mark.parametrize("x_spec, dy_spec, out_spec, want, flops", [
+    (P(D_M), P(D_M), P(), [("all-reduce", D_M, 8192)], 327680),  # the examples split: a partial kernel, summed
+    # whole inputs, the kernel split by its groups: each device its own group
+    (P(), P(), P(None, None, "model"), [], 163840),
+    # the channels split 8 ways, past the 4 groups: every operand gathered, the conv run whole
+    # (the estimate split the groups on 'model': 655,360 FLOPs, its operands moved there)
+    (P(None, None, D_M), P(None, None, "model"), P(None, None, "model"),
+     [("all-gather", D_M, 27648), ("all-gather", ("model",), 20480)], 2621440),
 ])
-def test_a_grouped_kernel_gradient_is_partitioned_as_xla_partitions_it(x_spec, out_spec, want):
+def test_a_grouped_kernel_gradient_is_partitioned_as_xla_partitions_it(x_spec, dy_spec, out_spec, want, flops):
     """A grouped (not depthwise) conv's kernel gradient: its lhs batch holds 4 groups of 8 channels.
     Its factor rule took only a depthwise one's (a batch of exactly the groups) and replicated
     it: the estimate ran it whole, XLA:CPU's dense expansion over all 4 groups (2,621,440 FLOPs),
-    where XLA splits the summed examples (327,680) or the groups (163,840; quadratic in them). A
-    held-out wav2vec2's dot FLOPs 1.17-1.39x XLA's on 6 of 8 plans."""
+    where XLA splits the summed examples (327,680) or the groups (163,840; quadratic in them),
+    but for an lhs split past its groups (:func:`automap.contraction_layouts.batch_groups_split_within`).
+    A held-out wav2vec2's dot FLOPs 1.17-1.39x XLA's on 6 of 8 plans; a RegNet's fsdp 0.89x."""
     args = [jnp.ones((8, 27, 32)), jnp.ones((8, 20, 32))]
-    state, xla = _laid_out_as_xla_lays_it_out(_grouped_kernel_gradient, args, [x_spec, x_spec, out_spec])
+    state, xla = _laid_out_as_xla_lays_it_out(_grouped_kernel_gradient, args, [x_spec, dy_spec, out_spec])
     assert sorted((op.kind, op_axes(op, MESH_2X4), op.bytes) for op in xla.ops) == want
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state)) == want
     est = estimate(state)
-    assert est.dot_flops == xla.dot_flops < 2621440
+    assert est.dot_flops == xla.dot_flops == flops
     assert est.wire_bytes == xla.wire_bytes
+
+
+def test_a_grouped_kernel_gradient_run_whole_shares_the_forward_gathers():
+    """A grouped conv (2 groups) and its kernel gradient, the input's channels on 'model' (past
+    the groups), the kernel and the cotangent on 'data' (a RegNet's stage under FSDP): XLA gathers
+    the input whole once, for the forward conv, and the kernel gradient, run whole, reuses it. The
+    estimate gathered it twice (55,552 B sent, XLA 32,128: 1,152 of them the gradient's result
+    sliced in its groups' layout, then gathered, which the estimate leaves out)."""
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (2, 2), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                            feature_group_count=2)
+
+    def forward_and_kernel_gradient(x, w, dy):
+        y, vjp = jax.vjp(lambda w: conv(x, w), w)
+        return y, vjp(dy)[0]
+
+    on = lambda axis: P(None, None, None, axis)  # noqa: E731
+    args = [jnp.ones((8, 8, 8, 16)), jnp.ones((3, 3, 8, 16)), jnp.ones((8, 4, 4, 16))]
+    state, xla = _laid_out_as_xla_lays_it_out(forward_and_kernel_gradient, args,
+                                              [on("model"), on("data"), on("data"), on("data"), on("data")])
+    assert [op.bytes for op in xla.ops if op.kind == "all-gather" and op_axes(op, MESH_2X4) == ("model",)] == [32768, 2304]
+    assert sorted((r.kind, r.axes, r.bytes) for r in reshards(state) if not r.reused) == [
+        ("all-gather", ("data",), 4608), ("all-gather", ("data",), 8192), ("all-gather", ("model",), 32768)]
+    est = estimate(state)
+    assert est.dot_flops == xla.dot_flops == 884736
+    assert est.wire_bytes == xla.wire_bytes - 1152
 
 
 def _conv(x, w, numbers=("NHWC", "HWIO", "NHWC")):
