@@ -9,7 +9,7 @@ are wrapped in ``jax.checkpoint`` again, ``cond``/``while`` are re-bound as they
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -141,12 +141,13 @@ def _constrainable(program: Program, vid: int) -> bool:
 
 
 class _Replay:
-    def __init__(self, state: ShardingState, mesh: Mesh, pins: frozenset[int]):
+    def __init__(self, state: ShardingState, mesh: Mesh, pins: frozenset[int], guard: Mapping[int, Any] | None = None):
         self.program = state.program
         self.state = state
         self.mesh = mesh
         self.pins = pins
         self.shared = _shared_values(self.program)
+        self.guard = guard or {}  # op id -> (operand specs, result spec): automap.grouped_conv_guard
 
     def sharding(self, vid: int) -> NamedSharding:
         return NamedSharding(self.mesh, self.state.partition_spec(vid))
@@ -198,13 +199,21 @@ class _Replay:
         args = [self.get(env, v) for v in op.inputs]
         if traits_of(op.primitive).emit == "whole_cut_operand" and op.inputs and op.inputs[0] in self.shared:
             args[0] = self.whole_cut_dims(op, args[0])
+        guard = self.guard.get(op.id)
+        if guard is not None:  # a batch-grouped conv kept within its groups (automap.grouped_conv_guard)
+            args = [self.constrain(x, spec) for x, spec in zip(args, guard[0], strict=True)]
         with jax.named_scope(op_scope(op)):  # the HLO's op_name metadata names automap's op
             if op.primitive == "scan":
                 outs = self.run_scan(op, args)
             else:
                 outs = _compat.replay_eqn(op.eqn, args)
+        if guard is not None:
+            outs = [self.constrain(outs[0], guard[1])]
         for vid, x in zip(op.outputs, outs, strict=True):
             self.put(env, vid, x)
+
+    def constrain(self, x: Any, spec: Any) -> Any:
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, to_partition_spec(spec)))
 
     def whole_cut_dims(self, op: Op, x: Any) -> Any:
         """Constrain a slice's operand to its planned spec with the cut dims whole (the rule
@@ -291,8 +300,13 @@ def _shared_values(program: Program) -> frozenset[int]:
 
 
 def replay_fn(state: ShardingState, mesh: Mesh, pins: Iterable[int]) -> Callable[..., list[Any]]:
-    """A function of the program's flat inputs returning its flat outputs, with constraints."""
-    replay = _Replay(state, mesh, frozenset(pins))
+    """A function of the program's flat inputs returning its flat outputs, with constraints: on
+    the pinned values, and on the operands and result of every batch-grouped convolution XLA
+    could split past its groups, in the layout the program is priced in
+    (:mod:`automap.grouped_conv_guard`: the plan's where it pins anything, else the layout XLA's
+    propagation gives it, :func:`automap.xla_layout.xla_layout`)."""
+    pins = frozenset(pins)
+    replay = _Replay(state, mesh, pins, _guard(state, pins))
     program = state.program
 
     def fn(*flat: Any) -> list[Any]:
@@ -301,6 +315,16 @@ def replay_fn(state: ShardingState, mesh: Mesh, pins: Iterable[int]) -> Callable
         return [replay.get(env, v) for v in program.outputs]
 
     return fn
+
+
+def _guard(state: ShardingState, pins: frozenset[int]) -> dict[int, Any]:
+    """:func:`automap.grouped_conv_guard.guarded_layouts` of the layout the program is priced in."""
+    from automap.grouped_conv_guard import at_risk, guarded_layouts
+    from automap.xla_layout import xla_layout
+
+    if not any(at_risk(op, state.axes) for op, _ in state.program.walked):
+        return {}
+    return guarded_layouts(state if pins else xla_layout(state))
 
 
 def shardings(state: ShardingState, mesh: Mesh, vids: Sequence[int]) -> list[NamedSharding]:

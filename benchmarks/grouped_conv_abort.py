@@ -1,9 +1,9 @@
 """Which layouts of a grouped convolution's kernel gradient XLA:CPU compiles and which abort the
 process, each compiled in a subprocess of its own (an abort is a ``Check failed`` in XLA, not a
-Python exception). Why automap's factor rule keeps such a conv replicated
-(``test_a_grouped_kernel_gradient_is_partitioned_as_xla_partitions_it`` is a strict xfail): a rule
-splitting its groups let the search pick input specs from which XLA's own propagation split the
-conv's lhs batch unevenly over the groups (held-out hf_regnet's default plan).
+Python exception). Why every program automap compiles constrains such a conv to its groups'
+layout (:mod:`automap.grouped_conv_guard`): a factor rule splitting its groups let the search pick
+input specs from which XLA's own propagation split the conv's lhs batch unevenly over the groups
+(held-out hf_regnet's default plan, the inputs-only program; ``tests/automap/test_grouped_conv_guard.py``).
 
     python benchmarks/grouped_conv_abort.py
 

@@ -25,28 +25,28 @@ under a heavy shared load (figures estimated / XLA):
 
 - hf_bloom, hf_gptj, hf_whisper: 0 / 0 / 0 outside, jit parity 0 of 3, dominated 0 of 3 (hf_whisper
   default dot FLOPs 1.05 at the edge, 5.51e6 / 5.26e6).
-- hf_wav2vec2: dot FLOPs outside on 6 of 8 (default 1.28, fsdp 1.33, fsdp_tp 1.17, manual_dp
-  1.39, manual_megatron_dp 1.07, manual_fsdp 1.39), the default dominated by manual_fsdp. The
-  positional conv's kernel gradient (``batch_group_count`` 4 over 32 channels, 8 per group) is
-  replicated by its factor rule (it takes only a depthwise one's, a batch of exactly the groups):
-  run whole in XLA:CPU's dense expansion (2,621,440 FLOPs) where XLA splits the summed examples
-  (manual_dp: 327,680) or the groups (fsdp: 163,840). A rule splitting it (the lhs batch read as
-  groups x per-group batch) brought fsdp to 0.99, fsdp_tp, manual_dp, data_parallel to 1.00, but
-  is held back: with it the search gave hf_regnet's default plan input specs from which XLA's own
-  propagation (the inputs-only program the arbiter compiles) split a kernel gradient's lhs batch 8
-  ways over 2 groups, and XLA:CPU aborted the process (``convolution_handler.cc:984 Check failed:
-  new_input_batch_size % new_output_batch_size == 0``; alone: ``jax.jit`` of such a conv with its
-  lhs batch and result features split k ways aborts whenever k does not divide the groups:
-  ``python benchmarks/grouped_conv_abort.py``). The
-  test ``test_a_grouped_kernel_gradient_is_partitioned_as_xla_partitions_it`` is a strict xfail.
+- hf_wav2vec2: 0 / 0 / 0 outside, jit parity 0 of 3; the default dominated by manual_fsdp
+  (XLA's 307.8 KiB sent, 658.5 KiB memory against 270.2 KiB, 427.3 KiB: unchanged by the fix).
+  Was dot FLOPs outside on 6 of 8 (default 1.28, fsdp 1.33, fsdp_tp 1.17, manual_dp 1.39,
+  manual_megatron_dp 1.07, manual_fsdp 1.39): the positional conv's kernel gradient
+  (``batch_group_count`` 4 over 32 channels, 8 per group) was replicated by its factor rule, run
+  whole in XLA:CPU's dense expansion where XLA splits the summed examples or the groups. Its rule
+  now splits the groups (the channels and output features within a group blocked); every program
+  automap compiles constrains such a conv to that layout (:mod:`automap.grouped_conv_guard`):
+  with the rule alone XLA's own propagation split hf_regnet's kernel gradient 8 ways over 2
+  groups in the default plan's inputs-only program and XLA:CPU aborted the process
+  (``convolution_handler.cc:984``; ``python benchmarks/grouped_conv_abort.py``).
 - nnx_ensemble: megatron_dp bytes sent 0.79 (182.4 / 231.9 KiB: XLA gathers 5x 162.0 KiB over
   'model' at the convs and a dot, the estimate 4x 114.0 KiB); manual_dp memory 1.43 -> 0.98 and
   manual_fsdp 1.44 -> 0.81 (a batch-grouped conv XLA:CPU rewrites over a base-dilated dim is not
-  expanded densely, ``cost/xla_cpu._expanded_densely``).
-- hf_regnet (grouped 3x3 convs: 2 and 4 groups), with the conv replicated: outside on 5 of 8
-  (bytes / memory / FLOPs: fsdp 0.93 / 1.31 / 1.13, fsdp_tp 0.99 / 1.31 / 1.24, manual_dp 1.17 /
-  1.34 / 1.38, manual_megatron_dp FLOPs 1.14, manual_fsdp 1.38 / 1.34 / 1.38; default,
-  data_parallel and megatron_dp memory 1.21), measured before the memory fix above.
+  expanded densely, ``cost/xla_cpu._expanded_densely``). Default plan with the grouped
+  kernel-gradient rule: 1.00 / 0.91 / 1.00 (was 1.33 / 1.15 / 2.87).
+- hf_regnet (grouped 3x3 convs: 2 and 4 groups): 0 / 0 / 0 outside, jit parity 1 of 3
+  (manual_fsdp 1.10x ``jax.jit``'s bytes sent: the guard keeps the kernel gradients' results in
+  the groups' layout, all-reduced then sliced, where ``jax.jit`` reduce-scatters them), dominated
+  0 of 3. Was outside on 5 of 8 with the conv replicated (bytes / memory / FLOPs: fsdp 0.93 /
+  1.14 / 1.13, fsdp_tp 0.99 / 1.15 / 1.24, manual_dp 1.17 / 1.10 / 1.38, manual_megatron_dp FLOPs
+  1.14, manual_fsdp 1.38 / 1.03 / 1.38); default, data_parallel, megatron_dp memory 1.11.
 - hf_albert, hf_clip: 0 / 0 / 0 outside, parity 0 of 3, dominated 0 of 3 (memory 0.94-1.03 and
   0.99-1.20, bytes sent 0.97-1.01 and 0.98-1.05).
 """

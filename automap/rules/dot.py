@@ -349,7 +349,10 @@ def _batch_grouped_conv(ctx: RuleContext, dimension_numbers: Any, groups: int) -
     (lhs batch, outer; kernel and result output features, outer), ``b`` (the lhs batch within a
     group, the result's batch: a grouped conv's kernel gradient, its input features per group;
     none for a depthwise conv's; blocked, as XLA splits it no way), ``ci`` (lhs features, kernel
-    input features: summed) and ``og`` (the output features within a group)."""
+    input features: summed) and ``og`` (the output features within a group; blocked too where
+    ``b`` is: XLA aligns the lhs batch with the kernel's output features, and a split of them
+    past the groups aborts it, ``benchmarks/grouped_conv_abort.py``; :mod:`automap.grouped_conv_guard`
+    keeps every compiled program to this rule's layout)."""
     lhs_spec, rhs_spec, out_spec = dimension_numbers
     lhs, rhs = ctx.operands
     factors = [Factor(groups, "parallel")]
@@ -360,8 +363,8 @@ def _batch_grouped_conv(ctx: RuleContext, dimension_numbers: Any, groups: int) -
     if lhs.shape[lhs_spec[1]] > 1:
         factors.append(Factor(lhs.shape[lhs_spec[1]], "reduction"))
         ci = (len(factors) - 1,)
-    if rhs.shape[rhs_spec[0]] // groups > 1:
-        factors.append(Factor(rhs.shape[rhs_spec[0]] // groups, "parallel"))
+    if rhs.shape[rhs_spec[0]] // groups > 1:  # a split past the groups (b > 1) aborts XLA:CPU, as b's
+        factors.append(Factor(rhs.shape[rhs_spec[0]] // groups, "blocked" if b else "parallel"))
         og = (len(factors) - 1,)
     ldims: list[tuple[int, ...]] = [() for _ in lhs.shape]
     rdims: list[tuple[int, ...]] = [() for _ in rhs.shape]
