@@ -42,7 +42,7 @@ under a heavy shared load (figures estimated / XLA):
 - nnx_ensemble: megatron_dp bytes sent 0.79 (182.4 / 231.9 KiB: XLA gathers 5x 162.0 KiB over
   'model' at the convs and a dot, the estimate 4x 114.0 KiB); manual_dp memory 1.43 -> 0.98 and
   manual_fsdp 1.44 -> 0.81 (a batch-grouped conv XLA:CPU rewrites over a base-dilated dim is not
-  expanded densely, ``cost/xla_cpu._expanded_densely``).
+  expanded densely, ``cost/xla_cpu_convs.expanded_densely``).
 - hf_regnet (grouped 3x3 convs: 2 and 4 groups), with the conv replicated: outside on 5 of 8
   (bytes / memory / FLOPs: fsdp 0.93 / 1.31 / 1.13, fsdp_tp 0.99 / 1.31 / 1.24, manual_dp 1.17 /
   1.34 / 1.38, manual_megatron_dp FLOPs 1.14, manual_fsdp 1.38 / 1.34 / 1.38; default,
