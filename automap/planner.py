@@ -133,10 +133,11 @@ def make_plan(
         notes = notes + search_notes
         if state.program.recomputed and unfit is None and affordable(arbiter, program):  # XLA has the last word
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
-            state, more = _fit_by_measure(state, found, measure_state, research, memory_budget, topology, donated)
+            state, more = _fit_by_measure(state, found, measure_state, research, memory_budget, topology, donated,
+                                          emitted_layout)
             notes = notes + more
             if memory_budget is not None:
-                _warn_if_over(state, measure_state, memory_budget, topology, donated)
+                _warn_if_over(state, measure_state, memory_budget, topology, donated, emitted_layout)
         elif (found.alternatives or memory_budget is not None) and affordable(arbiter, program):  # XLA decides last
             measure_state = _state_measurer(traced, program, mesh, pairs, pins)
             budget = None
@@ -148,20 +149,20 @@ def make_plan(
                 state, note = final_choice(("answer", state, found.score), found.alternatives, measure_state, budget)
                 notes = notes + (note,)
             if budget is not None and (measure_state(state).memory_per_device or 0) > budget:
-                state, more = _search_within_measure(state, measure_state, research, budget, topology, donated)
+                state, more = _search_within_measure(state, measure_state, research, budget, topology, donated,
+                                                     emitted_layout)
                 notes = notes + more
             if budget is not None and (measure_state(state).memory_per_device or 0) > budget:
-                state, more = _recompute_final_candidates(state, found, measure_state, budget, topology, donated)
+                state, more = _recompute_final_candidates(state, found, measure_state, budget, topology, donated,
+                                                          emitted_layout)
                 notes = notes + more
             if budget is not None and (measure_state(state).memory_per_device or 0) > budget:
                 if unfit is None:  # (where no plan fits by estimate either, the search's error is raised below)
-                    _warn_if_over(state, measure_state, memory_budget, topology, donated)
+                    _warn_if_over(state, measure_state, memory_budget, topology, donated, emitted_layout)
             if unfit is not None:
                 got = measure_state(state).memory_per_device or 0
                 if got > budget:  # the error names what XLA measured too: the estimate is not the last word
-                    from automap.cost import estimate
-
-                    est = estimate(state, topology, donated=tuple(donated)).peak_memory_bytes
+                    est = _estimated_peak(state, emitted_layout, topology, donated)
                     unfit.args = (f"{unfit.args[0]}. XLA measured the search's final candidates (and those of "
                                   f"searches under the budget scaled by its measure, and them recomputing blocks): "
                                   f"the smallest is "
@@ -187,23 +188,35 @@ def make_plan(
     return plan
 
 
+def _estimated_peak(state: ShardingState, laid_out: Callable[[ShardingState], ShardingState] | None, topology: Any,
+                    donated: Any) -> int:
+    """The cost model's peak memory per device of ``state`` as it compiles (``laid_out``: the
+    emitted layout, :func:`_emitted_layout`; a plan that pins nothing compiles to XLA's own), the
+    figure held against XLA's measure of it."""
+    from automap.cost import estimate
+
+    laid = state if laid_out is None else laid_out(state)
+    return estimate(laid, topology, donated=tuple(donated)).peak_memory_bytes
+
+
 def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, research: Callable,
-                    memory_budget: Any, topology: Any, donated: Any) -> tuple[ShardingState, tuple[str, ...]]:
+                    memory_budget: Any, topology: Any, donated: Any,
+                    laid_out: Callable | None = None) -> tuple[ShardingState, tuple[str, ...]]:
     """A recomputing plan XLA measures over the budget gets more blocks recomputed, then the other
     recomputing plans (:func:`search.recompute.fit_by_measure`); if all stay over, the search runs
     once more under the budget scaled by what XLA measured against the estimate (the estimate's
     own error, calibrated on this program), and XLA measures its answer the same way; where that
-    search fits nothing by estimate, its final candidates (leaner by estimate) are measured so."""
-    from automap.cost import estimate
+    search fits nothing by estimate, its final candidates (leaner by estimate) are measured so.
+    The estimate is that of the layout each plan compiles to (``laid_out``)."""
     from search.planning import MemoryBudgetError, budget_bytes
     from search.recompute import fit_by_measure
 
     budget = budget_bytes(memory_budget, topology or default_topology())
     fallbacks = [alt for _, alt, _ in found.alternatives]  # the other recomputing plans, best first
-    state, note, got = fit_by_measure(state, budget, measure_state, topology, tuple(donated), fallbacks)
+    state, note, got = fit_by_measure(state, budget, measure_state, topology, tuple(donated), fallbacks, laid_out)
     notes = (note,)
     if got is not None and got > budget:
-        scaled = int(budget * estimate(state, topology, donated=tuple(donated)).peak_memory_bytes / got)
+        scaled = int(budget * _estimated_peak(state, laid_out, topology, donated) / got)
         unfit = ""
         try:
             again, refound = research(scaled)
@@ -213,7 +226,8 @@ def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, r
                                        "scaled by XLA's measure; kept the plan XLA measured smallest",)
             again, refound, unfit = error.result.state, error.result, ", no plan within it: its final candidates"
         fallbacks = [alt for _, alt, _ in refound.alternatives]
-        again, note, got_again = fit_by_measure(again, budget, measure_state, topology, tuple(donated), fallbacks)
+        again, note, got_again = fit_by_measure(again, budget, measure_state, topology, tuple(donated), fallbacks,
+                                                laid_out)
         notes += (f"recompute: searched again under {human_bytes(scaled)} by estimate (the budget scaled by "
                   f"XLA's measure over the estimate{unfit}); {note}",)
         if got_again is not None and got_again < got:
@@ -222,7 +236,8 @@ def _fit_by_measure(state: ShardingState, found: Any, measure_state: Callable, r
 
 
 def _recompute_final_candidates(state: ShardingState, found: Any, measure_state: Callable, budget: int,
-                                topology: Any, donated: Any) -> tuple[ShardingState, tuple[str, ...]]:
+                                topology: Any, donated: Any,
+                                laid_out: Callable | None = None) -> tuple[ShardingState, tuple[str, ...]]:
     """Every final candidate XLA measured over the budget, and no plan fits it by estimate with
     recomputation either (or the search's recomputing plans were not measured): the candidates
     (the answer and its alternatives, without recomputation) are made to fit by XLA's measure
@@ -232,7 +247,7 @@ def _recompute_final_candidates(state: ShardingState, found: Any, measure_state:
     from search.recompute import fit_candidates_by_measure
 
     candidates = [found.state] + [alt for _, alt, _ in found.alternatives]
-    got = fit_candidates_by_measure(candidates, budget, measure_state, topology, tuple(donated))
+    got = fit_candidates_by_measure(candidates, budget, measure_state, topology, tuple(donated), laid_out)
     if got is None:
         return state, ()
     again, note, measured = got
@@ -242,19 +257,19 @@ def _recompute_final_candidates(state: ShardingState, found: Any, measure_state:
 
 
 def _warn_if_over(state: ShardingState, measure_state: Callable, memory_budget: Any, topology: Any,
-                  donated: Any) -> None:
+                  donated: Any, laid_out: Callable | None = None) -> None:
     """Warn where the kept plan is still over the user's ``memory_budget`` by XLA's measure (its
-    notes say what was tried), naming the measured and the estimated memory per device."""
+    notes say what was tried), naming the measured and the estimated memory per device (of the
+    layout it compiles to, ``laid_out``)."""
     import warnings
 
-    from automap.cost import estimate
     from search.planning import budget_bytes
 
     budget = budget_bytes(memory_budget, topology or default_topology())
     measured = measure_state(state)
     got = measured.memory_per_device or 0
     if got > budget:
-        est = estimate(state, topology, donated=tuple(donated)).peak_memory_bytes
+        est = _estimated_peak(state, laid_out, topology, donated)
         warnings.warn(f"automap: no plan found within memory_budget={memory_budget!r} ({human_bytes(budget)} per "
                       f"device) by XLA's measure; kept the smallest XLA measured: {human_bytes(got)}"
                       f"{_measured_terms(measured)} ({human_bytes(est)} by the search's estimate). plan.notes say "
@@ -277,7 +292,8 @@ SCALED_SEARCHES = 3  # at most this many searches again under a budget scaled by
 
 
 def _search_within_measure(state: ShardingState, measure_state: Callable, research: Callable, budget: int,
-                           topology: Any, donated: Any) -> tuple[ShardingState, tuple[str, ...]]:
+                           topology: Any, donated: Any,
+                           laid_out: Callable | None = None) -> tuple[ShardingState, tuple[str, ...]]:
     """The search's final candidates all measured over the budget by XLA: the search runs again
     under the budget scaled by what XLA measured against the estimate of the last plan (the
     estimate's own error, calibrated on this program), XLA arbitrating its final candidates as
@@ -285,14 +301,14 @@ def _search_within_measure(state: ShardingState, measure_state: Callable, resear
     differs from plan to plan); where nothing fits the scaled budget by estimate, XLA measures that
     search's final candidates (its answer, the expert ceiling, the leanest compositions) and it stops.
     The plan XLA measures smallest is kept. Each round is a search and a few compiles: bounded by
-    :data:`SCALED_SEARCHES`, and run only where a budget was given and XLA measured it missed."""
-    from automap.cost import estimate
+    :data:`SCALED_SEARCHES`, and run only where a budget was given and XLA measured it missed.
+    The estimate is that of the layout the plan compiles to (``laid_out``)."""
     from search.planning import MemoryBudgetError
 
     kept, kept_got = state, measure_state(state).memory_per_device or 0
     last, got, lines = state, kept_got, []
     for _ in range(SCALED_SEARCHES):
-        scaled = int(budget * estimate(last, topology, donated=tuple(donated)).peak_memory_bytes / got)
+        scaled = int(budget * _estimated_peak(last, laid_out, topology, donated) / got)
         unfit = False
         try:
             last, refound = research(scaled)

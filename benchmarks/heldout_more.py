@@ -39,7 +39,7 @@ under a heavy shared load (figures estimated / XLA):
 - nnx_ensemble: megatron_dp bytes sent 0.79 (182.4 / 231.9 KiB: XLA gathers 5x 162.0 KiB over
   'model' at the convs and a dot, the estimate 4x 114.0 KiB); manual_dp memory 1.43 -> 0.98 and
   manual_fsdp 1.44 -> 0.81 (a batch-grouped conv XLA:CPU rewrites over a base-dilated dim is not
-  expanded densely, ``cost/xla_cpu._expanded_densely``). Default plan with the grouped
+  expanded densely, ``cost/xla_cpu_convs.expanded_densely``). Default plan with the grouped
   kernel-gradient rule: 1.00 / 0.91 / 1.00 (was 1.33 / 1.15 / 2.87).
 - hf_regnet (grouped 3x3 convs: 2 and 4 groups): 0 / 0 / 0 outside, jit parity 1 of 3
   (manual_fsdp 1.10x ``jax.jit``'s bytes sent: the guard keeps the kernel gradients' results in

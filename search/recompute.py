@@ -183,7 +183,9 @@ MEASURED_WAYS = 3  # at each step, the ways to recompute one more block that XLA
 
 def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[ShardingState], Any],
                    topology: Any = None, donated: Sequence[int] = (),
-                   fallbacks: Sequence[ShardingState] = ()) -> tuple[ShardingState, str, int | None]:
+                   fallbacks: Sequence[ShardingState] = (),
+                   laid_out: Callable[[ShardingState], ShardingState] | None = None,
+                   ) -> tuple[ShardingState, str, int | None]:
     """XLA has the last word on a recomputing plan: while the compiled program's memory per
     device (``measure_state``) is over ``budget``, recompute one more block: of the ways to
     (each block left, wholly, selectively or re-gathered), the :data:`MEASURED_WAYS` the cost model says
@@ -193,11 +195,13 @@ def fit_by_measure(state: ShardingState, budget: int, measure_state: Callable[[S
     over with every block recomputed, the next of ``fallbacks`` (the other recomputing plans,
     best first; at most :data:`MEASURED_FALLBACKS`) gets the same treatment. Returns the first
     state XLA measures within the budget (else the one it measures smallest, of every step), a
-    note of what XLA measured, and that measure (bytes per device)."""
+    note of what XLA measured, and that measure (bytes per device). ``laid_out`` (a state -> the
+    layout its program compiles to: :meth:`search.space.SearchSpace.rescore`'s) is what the cost
+    model prices to rank the ways, as XLA compiles them; the state itself where not given."""
     from automap.cost import estimate
 
     def peak(s: ShardingState) -> int:
-        return estimate(s, topology, donated=donated).peak_memory_bytes
+        return estimate(s if laid_out is None else laid_out(s), topology, donated=donated).peak_memory_bytes
 
     tried, lines = [], []
     for start in [state, *fallbacks[:MEASURED_FALLBACKS]]:
@@ -243,7 +247,9 @@ FLOOR_SLACK = 0.1  # a layout recomputing every block this far over the budget i
 
 def fit_candidates_by_measure(candidates: Sequence[ShardingState], budget: int,
                               measure_state: Callable[[ShardingState], Any], topology: Any = None,
-                              donated: Sequence[int] = ()) -> tuple[ShardingState, str, int | None] | None:
+                              donated: Sequence[int] = (),
+                              laid_out: Callable[[ShardingState], ShardingState] | None = None,
+                              ) -> tuple[ShardingState, str, int | None] | None:
     """Where no plan fits the budget by estimate, recomputing or not, and XLA measures every
     final candidate of the search over it: each candidate recomputing every block
     (:func:`leanest`) is measured, and :func:`fit_by_measure` makes those within
@@ -253,7 +259,8 @@ def fit_candidates_by_measure(candidates: Sequence[ShardingState], budget: int,
     its first layer re-gathered fits, 238,192 B, every layer re-gathered does not, 252,720 B, 1.05x
     the budget). Returns its answer, or the leanest plan XLA measured smallest where that is
     smaller; None where no candidate has a block to recompute and its state in and out (XLA's
-    arguments and outputs: no recomputation shrinks them) within the budget.
+    arguments and outputs: no recomputation shrinks them) within the budget. ``laid_out``: as for
+    :func:`fit_by_measure`.
 
     >>> fit_candidates_by_measure([], 1, None) is None
     True
@@ -272,8 +279,8 @@ def fit_candidates_by_measure(candidates: Sequence[ShardingState], budget: int,
     floors.sort(key=lambda t: t[:2])
     measured = ", ".join(human_bytes(g) for g, *_ in floors)
     starts = [c for g, _, c, _ in floors if g <= budget * (1 + FLOOR_SLACK)]
-    state, note, got = (fit_by_measure(starts[0], budget, measure_state, topology, donated, starts[1:]) if starts
-                        else (None, "none within 10% of the budget", None))
+    state, note, got = (fit_by_measure(starts[0], budget, measure_state, topology, donated, starts[1:], laid_out)
+                        if starts else (None, "none within 10% of the budget", None))
     if got is None or (got > budget and floors[0][0] < got):
         got, _, _, state = floors[0]
         note += f"; kept the first recomputing every block, {human_bytes(got)}"

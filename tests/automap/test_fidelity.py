@@ -445,6 +445,42 @@ def test_the_final_choice_moves_only_to_a_candidate_no_heavier_in_either_figure(
     assert final_choice(("answer", "a", fast(0.304)), others[:2], measured.__getitem__)[0] == "p"
 
 
+def test_a_climb_that_traded_time_for_memory_moves_on_to_a_faster_expert_plan_sending_fewer_bytes():
+    """Held-out keras-hub Qwen-MoE (routed experts and a shared expert, mesh 2x4), XLA's measure of
+    its final candidates and their estimated step times: the climb went from the answer (a) to the
+    next best (n), then to ``dp('data') + megatron('model')`` (m), 1.873 ms, for its memory;
+    hand-written expert parallelism on data (h, ``dp('data') + expert_parallel('model',
+    tokens=False)``, an expert composition on the measured front) is faster by estimate, 1.506 ms,
+    and sends 36% fewer bytes: kept now (was m, 1.569x h's bytes)."""
+    from types import SimpleNamespace
+
+    from automap.arbiter import final_choice
+    from automap.measure import CollectiveOp, Measurement, MemoryStat
+
+    def m(sent, memory):
+        op = CollectiveOp("all-gather", 2 * sent, 1, [[0, 1]], "ag", "main", group_size=2)
+        return Measurement({}, MemoryStat(memory, 0, 0, 0), 0, [op])
+
+    measured = {"a": m(297_267, 1_070_000), "c": m(309_453, 1_240_000), "n": m(307_507, 954_778),
+                "s": m(310_170, 950_374), "h": m(196_620, 1_233_596), "m": m(308_472, 723_340),
+                "f": m(675_430, 794_624)}
+    fast = lambda t: SimpleNamespace(time_s=t)  # noqa: E731
+    others = (("expert ceiling", "c", fast(1.295)), ("next best", "n", fast(1.346)),
+              *((f"expert ({k})", k, fast(t)) for k, t in (("s", 1.409), ("h", 1.506), ("m", 1.873), ("f", 6.994))))
+    state, note = final_choice(("answer", "a", fast(1.220)), others, measured.__getitem__)
+    assert (state, note.split(";")[0]) == ("h", "search arbiter: kept the expert (h)")
+    # an expert plan faster than the one kept but sending about as many bytes (within BYTES_TIE) moves nothing
+    measured["h"] = m(306_000, 1_233_596)
+    assert final_choice(("answer", "a", fast(1.220)), others, measured.__getitem__)[0] == "m"
+    # nor does a searched plan so placed, not an expert's (the GShard MoE, 8 experts, batch 8: kept m,
+    # 60.5 KiB, 172.3 KiB, <= the hand-written plan in both; the next best n sends fewer bytes, holds more)
+    measured = {"a": m(62_976, 255_795), "c": m(62_976, 324_710), "n": m(43_418, 327_680),
+                "d": m(52_838, 556_749), "e": m(53_555, 326_451), "m": m(61_952, 176_435)}
+    others = (("expert ceiling", "c", fast(0.394)), ("next best", "n", fast(0.708)),
+              *((f"expert ({k})", k, fast(t)) for k, t in (("d", 0.575), ("e", 0.719), ("m", 0.931))))
+    assert final_choice(("answer", "a", fast(0.387)), others, measured.__getitem__)[0] == "m"
+
+
 def test_every_final_candidate_over_the_budget_by_measure_searches_again_under_a_scaled_budget(monkeypatch):
     """An nnx ViT under 0.8x its leanest expert plan's memory: every final candidate the search
     estimated within the budget measured over it (the estimate 0.91x XLA's); the search runs

@@ -299,7 +299,7 @@ def test_a_scaled_recompute_search_that_fits_nothing_by_estimate_has_its_final_c
     monkeypatch.setattr(automap.cost, "estimate", lambda s, *a, **k: SimpleNamespace(peak_memory_bytes=600))
     measured = []
 
-    def fit(state, budget, measure_state, topology, donated, fallbacks):  # the smallest of the plans it is given
+    def fit(state, budget, measure_state, topology, donated, fallbacks, laid_out=None):  # the smallest given
         measured.append((state, *fallbacks))
         kept = min((state, *fallbacks), key=xla.get)
         return kept, f"recompute: XLA measured {xla[kept]} B", xla[kept]
@@ -522,7 +522,7 @@ def test_the_planner_keeps_the_recomputing_final_candidate_xla_measures_smaller(
 
     xla, given = {"kept": 700, "fitted": 620}, []
 
-    def fit(candidates, budget, measure_state, topology, donated):
+    def fit(candidates, budget, measure_state, topology, donated, laid_out=None):
         given.append(tuple(candidates))
         return "fitted", "recompute: fitted", xla["fitted"]
 
