@@ -146,6 +146,7 @@ def as_emitted(space: SearchSpace, objective: Objective, answer: Plan, alternati
 
 
 FRONT_CANDIDATES = 3  # expert compositions of the (bytes, memory) front XLA also measures, fastest first
+LEAN_CANDIDATES = 2  # where no composition fits by estimate: the leanest by estimate, XLA measures them too
 
 
 def _alternatives(space: SearchSpace, found: Found, anchor: Plan | None,
@@ -155,7 +156,9 @@ def _alternatives(space: SearchSpace, found: Found, anchor: Plan | None,
     estimate (:func:`search.compose.undominated`; at most :data:`FRONT_CANDIDATES`) and FSDP over
     the whole mesh (:func:`search.compose.whole_mesh_fsdp`, whatever its estimate: the plan an
     expert writes first for a model whose state outweighs its activations): the plans an expert
-    would weigh, for XLA to measure (:func:`automap.arbiter.final_choice`)."""
+    would weigh, for XLA to measure (:func:`automap.arbiter.final_choice`). Where no composition
+    fits the budget by estimate (no ceiling), the :data:`LEAN_CANDIDATES` compositions leanest by
+    estimate too: the estimate errs both ways, and XLA's measure may find one of them within it."""
     out, seen = [], {found.best.state.key()}
     if anchor is not None and anchor.score.feasible and anchor.state.key() not in seen:
         source = objective.ceiling.source if objective.ceiling else "fastest composition"
@@ -168,10 +171,14 @@ def _alternatives(space: SearchSpace, found: Found, anchor: Plan | None,
     front = [] if anchor is None else sorted(
         undominated([p for p in compositions(space) if p.score.feasible]), key=lambda p: p.score.time_s)
     joint = whole_mesh_fsdp(space)  # with no expert ceiling too: under a tight budget, the smallest plan an expert has
+    lean = [] if anchor is not None or not space.macros else sorted(compositions(space), key=lambda p: p.score.peak_bytes)
     for p in [p for p in front if p.state.key() not in seen][:FRONT_CANDIDATES] + [joint] * (joint is not None):
         if (p.score.feasible or p is joint) and p.state.key() not in seen:
             out.append((f"expert ({' + '.join(space.describe(a) for a in p.moves)})", p))
             seen.add(p.state.key())
+    for p in [p for p in lean if p.state.key() not in seen][:LEAN_CANDIDATES]:
+        out.append((f"leanest expert ({' + '.join(space.describe(a) for a in p.moves)})", p))
+        seen.add(p.state.key())
     return out
 
 

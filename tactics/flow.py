@@ -96,13 +96,17 @@ class Flow:
 def follow(
     program: Program, value: int, dim: int, weights: set[int], *, phases: tuple[str, ...] = ("forward",),
     users: dict[int, list[tuple[Op, int]]] | None = None, weight_dims: frozenset[tuple[int, int]] | None = None,
+    contractions: frozenset[str] = frozenset({"matmul"}),
 ) -> Flow:
     """Follow dim ``dim`` of ``value`` forward: through every op reading it, the factor of that dim
     goes to the result dims holding it, until it is contracted, reduced, blocked, meets a weight
     in an elementwise op (``mix_weight``) or reaches a program output. With ``weight_dims`` (the
     (value, dim) pairs a weight's own dims reach), a weight met on a dim a broadcast made (a bias
     broadcast to its layer's output shape before the add, as haiku's ``Linear`` does) is no
-    ``mix_weight``: that dim holds no factor of the weight."""
+    ``mix_weight``: that dim holds no factor of the weight. ``contractions``: the kinds of
+    contraction (:class:`automap.rules.traits.Contraction`) whose summed dims end a flow as a
+    contraction; any other summed dim ends it as a ``reduce`` (megatron adds ``"convolution"``:
+    a conv's input features are a row-parallel split, as a dot's contracted dim is)."""
     users = users if users is not None else consumers(program)
     outputs = set(program.outputs)
     ends: list[FactorEnd] = []
@@ -129,7 +133,8 @@ def follow(
                 ends.append(FactorEnd("blocked", op))
                 continue
             if factor.kind == "reduction":
-                if traits_of(op.primitive).matmul:
+                traits = traits_of(op.primitive)
+                if traits.contraction is not None and traits.contraction.kind in contractions:
                     # the operands contracted with this one (a ragged dot's group sizes are not)
                     others = [v for i, v in enumerate(op.linked_inputs)
                               if i != pos and any(f in fs for fs in rule.operands[i])]

@@ -10,6 +10,10 @@ one all-reduce per pair). A weight whose output feature ends only in reductions 
 softmax over the vocabulary) is a *vocab-parallel head*; a weight looked up by ``gather`` is a
 *vocab-parallel embedding*. Weights are processed in program order and each is used once, so a
 stack of dense layers pairs up column, row, column, row.
+
+A convolution pairs as a dot does (found from its factor rule, not its name): its kernel's output
+features are a column split, and a following convolution (or dot) contracting them is the row,
+its input features split and its result a partial sum; the spatial dims stay whole.
 """
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ from automap.rules import traits_of
 from automap.shardings import Action, ShardingState
 from tactics.base import PlanContext, TacticResult, off_mesh, refusal
 from tactics.flow import consumers, derived, follow
+
+# the contractions megatron pairs: a conv's output / input features are a dot's column / row split
+PAIRED = frozenset({"matmul", "convolution"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +76,7 @@ def find_candidates(program: Program, state_inputs: tuple[int, ...]) -> tuple[li
                         found.append(Candidate("embedding", op, table, d))
                         used.add(table)
             continue
-        if not traits.matmul:
+        if traits.contraction is None or traits.contraction.kind not in PAIRED:
             continue
         w_pos = [i for i, v in enumerate(op.inputs) if v in weights]
         if len(w_pos) != 1:
@@ -80,7 +87,7 @@ def find_candidates(program: Program, state_inputs: tuple[int, ...]) -> tuple[li
             continue
         best = None
         for d, rd, size in sorted(_free_dims(op, pos), key=lambda t: -t[2]):
-            flow = follow(program, op.outputs[0], rd, weights, users=users)
+            flow = follow(program, op.outputs[0], rd, weights, users=users, contractions=PAIRED)
             kinds = flow.kinds() - {"mix_weight"}
             rows = tuple(dict.fromkeys(flow.ops("contract_weight")))
             if kinds == {"contract_weight"} and not any(other_weight(r, weights) in used for r in rows):
@@ -109,7 +116,8 @@ def _without_bypasses(program: Program, found: list[Candidate], weights: set[int
     for c in found:
         others = set().union(*(ids for key, ids in rows_of.items() if key != id(c))) if c.kind == "column" else set()
         fed = {end.id for r in c.rows for _, rd, _ in _free_dims(r, r.inputs.index(other_weight(r, weights)))
-               for end in follow(program, r.outputs[0], rd, weights, users=users).ops("contract_weight")}
+               for end in follow(program, r.outputs[0], rd, weights, users=users,
+                                 contractions=PAIRED).ops("contract_weight")}
         if fed & others:
             why_not.append(f"{_label(program, c.op)}: a bypass feeding another pair's row, left to propagation")
             continue

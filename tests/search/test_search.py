@@ -310,8 +310,30 @@ def test_fsdp_over_the_whole_mesh_is_a_final_candidate_whatever_its_estimate(mon
     monkeypatch.setattr(mcts, "whole_mesh_fsdp", lambda space: joint)
     found = SimpleNamespace(best=SimpleNamespace(state=SimpleNamespace(key=lambda: "answer")), pool=())
     objective = SimpleNamespace(best=lambda plans: None, ceiling=None)
-    got = mcts._alternatives(SimpleNamespace(describe=str), found, None, objective)
+    got = mcts._alternatives(SimpleNamespace(describe=str, macros=()), found, None, objective)
     assert [(label, plan.state) for label, plan in got] == [("expert ()", joint.state)]
+
+
+def test_where_no_composition_fits_by_estimate_the_leanest_are_final_candidates(monkeypatch):
+    """No composition fits the budget by estimate (no ceiling): besides FSDP over the whole mesh,
+    the two compositions leanest by estimate are measured by XLA (held-out eqx_conv_gru: before,
+    only the answer and ZeRO-3 over the mesh were)."""
+    from types import SimpleNamespace
+
+    import search.mcts as mcts
+    from search.space import Plan
+
+    def plan(key, peak):
+        return Plan(SimpleNamespace(key=lambda: key), SimpleNamespace(feasible=False, peak_bytes=peak), (key,))
+
+    joint = plan("joint", 900)
+    monkeypatch.setattr(mcts, "whole_mesh_fsdp", lambda space: joint)
+    monkeypatch.setattr(mcts, "compositions", lambda space: [plan("dp", 400), plan("answer", 100), joint,
+                                                             plan("tp", 300), plan("fsdp", 200)])
+    found = SimpleNamespace(best=SimpleNamespace(state=SimpleNamespace(key=lambda: "answer")), pool=())
+    objective = SimpleNamespace(best=lambda plans: None, ceiling=None)
+    got = mcts._alternatives(SimpleNamespace(describe=str, macros=("fsdp",)), found, None, objective)
+    assert [label for label, _ in got] == ["expert (joint)", "leanest expert (fsdp)", "leanest expert (tp)"]
 
 
 def test_a_budget_no_plan_fits_by_estimate_is_met_by_a_final_candidate_xla_measures_within_it(monkeypatch):

@@ -1,7 +1,7 @@
 """``tactics.megatron``: on every zoo GPT variant, ``schedule(data_parallel, megatron)`` finds the
 expert Megatron plan (``zoo.experts.megatron``) for every parameter and optimizer-state leaf and
-compiles to the expert's collective bytes; on MLPs and a two-branch model it pairs column with row
-weights and says which; where it cannot apply it leaves the state alone and says why."""
+compiles to the expert's collective bytes; on MLPs, a two-branch model and two convolutions it pairs
+column with row weights and says which; where it cannot apply it leaves the state alone and says why."""
 import math
 
 import jax
@@ -206,6 +206,51 @@ def test_megatron_leaves_a_low_rank_bypass_inside_the_pair(bypass_first):
     compiled = step.lower(params, x).compile(FAST)
     assert {k for k, c in automap.measure(compiled).collectives.items() if c.count} == {"all-reduce"}
     out, ref = step(params, x), jax.jit(_sgd(_lora_mlp(bypass_first)))(params, x)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), out, ref)
+
+
+def _two_convs(layout):
+    """Two 3x3 convolutions with biases and a ReLU between, in ``layout``'s dimension numbers
+    (flax's NHWC/HWIO or equinox's NCHW/OIHW): the first's output features are the second's input."""
+    dn = {"nhwc": ("NHWC", "HWIO", "NHWC"), "nchw": ("NCHW", "OIHW", "NCHW")}[layout]
+    feature = dn[0].index("C")
+    bias = lambda b: b.reshape([-1 if i == feature else 1 for i in range(4)])  # noqa: E731
+
+    def loss(params, x):
+        def conv(x, w):
+            return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
+        h = jax.nn.relu(conv(x, params["c1"]) + bias(params["b1"]))
+        return jnp.mean((conv(h, params["c2"]) + bias(params["b2"])) ** 2)
+    return loss
+
+
+# (layout, kernel shapes, image shape, the kernels' expected specs: conv1 column, conv2 row)
+CONV_PAIRS = [
+    ("nhwc", dict(c1=(3, 3, 4, 16), c2=(3, 3, 16, 8)), (8, 8, 8, 4),
+     dict(c1=(None, None, None, "model"), c2=(None, None, "model"))),
+    ("nchw", dict(c1=(16, 4, 3, 3), c2=(8, 16, 3, 3)), (8, 4, 8, 8),
+     dict(c1=("model",), c2=(None, "model"))),
+]
+
+
+@pytest.mark.parametrize("layout, kernels, image, want", CONV_PAIRS, ids=[r[0] for r in CONV_PAIRS])
+def test_megatron_pairs_convolutions_column_then_row(layout, kernels, image, want):
+    """A conv's output features are a column split and the next conv's input features the row
+    (found from the conv's factor rule): the first kernel and its bias split on their output
+    features, the second kernel on its input features, its result a partial sum all-reduced."""
+    rng = np.random.RandomState(0)
+    shapes = {**kernels, "b1": (16,), "b2": (8,)}
+    params = {k: jnp.asarray(rng.randn(*s).astype(np.float32) * 0.1) for k, s in shapes.items()}
+    x = jnp.asarray(rng.randn(*image).astype(np.float32))
+    step = automap.automap(_sgd(_two_convs(layout)), mesh=MESH, tactics=[TP], search=None)
+    plan = step.plan(params, x)
+    assert _pairs(plan) == ["column conv_general_dilated#0 paired with row conv_general_dilated#6"]
+    assert {k: tuple(s.spec) for k, s in plan.in_shardings[0].items()} == {**want, "b1": ("model",), "b2": ()}
+    assert tuple(plan.in_shardings[1].spec) == ("data",)
+    assert_valid(plan)
+    compiled = step.lower(params, x).compile(FAST)
+    assert {k for k, c in automap.measure(compiled).collectives.items() if c.count} == {"all-reduce"}
+    out, ref = step(params, x), jax.jit(_sgd(_two_convs(layout)))(params, x)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), out, ref)
 
 
