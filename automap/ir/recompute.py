@@ -48,6 +48,7 @@ from automap.ir.build import ProgramBuilder, call_start, calls_reading
 from automap.ir.program import Op, Program, Value
 from automap.ir.scan_recompute import Saved, dots_without_batch_dims, recompute_scan, scan_blocks
 from automap.ir.segments import PREFIX, forward_segments
+from automap.ir.shared_layers import shared_layers
 from automap.shardings import ShardingState
 
 _NUMBERED = re.compile(r"^(.*?)_?(\d+)$")
@@ -59,7 +60,9 @@ def repeated_blocks(program: Program, min_repeats: int = 2) -> tuple[str, ...]:
     (``GPT/blocks_0``, ``GPT/blocks_1``), not inside another such block, and forward ops under
     it that can be recomputed; first, each scanned stack of layers
     (:func:`~automap.ir.scan_recompute.scan_blocks`, named by its body's module path: a path so
-    named is that scan's, not a block of its own).
+    named is that scan's, not a block of its own). Where neither numbered names nor alike
+    parameters (:func:`structural_blocks`) give layers, the applications of one layer whose
+    parameters are shared (:func:`~automap.ir.shared_layers.shared_layers`: ALBERT).
 
     >>> import jax, jax.numpy as jnp
     >>> from automap.ir.lower import lower
@@ -91,6 +94,8 @@ def repeated_blocks(program: Program, min_repeats: int = 2) -> tuple[str, ...]:
     # norm0, q0, ..., norm1, q1 (the parts of layers a loop left unnamed); ln1, attention, ln2 (one layer's norms)
     if not named or numbered_alike(named) or weights_between(program, named):
         layers = tuple(b for b in structural_blocks(program, min_repeats) if _block_ops(program, b))
+    if not layers and not named:  # one layer applied again and again, its parameters shared (ALBERT)
+        layers = tuple(b for b in shared_layers(program, min_repeats) if _block_ops(program, b))
     return scanned + (layers or named)
 
 
@@ -211,7 +216,8 @@ def _block_ops(program: Program, block: str) -> list[Op]:
     if block.startswith(PREFIX):
         ids = forward_segments(program).get(block)
     else:
-        ids = structural_blocks(program).get(block) if block not in _paths(program) else None
+        ids = (structural_blocks(program).get(block) or shared_layers(program).get(block)
+               if block not in _paths(program) else None)
     if ids is not None:
         ids = set(ids)
         ops = [op for op in program.ops if op.id in ids]
