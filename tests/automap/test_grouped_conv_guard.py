@@ -55,8 +55,11 @@ def test_jax_jit_given_the_same_specs_aborts():
     assert done.returncode != 0 and "new_input_batch_size % new_output_batch_size" in done.stderr
 
 
-@pytest.mark.parametrize("groups, examples", [(2, "data"), (2, "model"), (16, "data")])  # 16: depthwise
-def test_a_kernel_gradient_summed_over_some_axes_alone_has_the_unsharded_numbers(groups, examples):
+@pytest.mark.parametrize("groups, examples, batch", [
+    (2, "data", 8), (2, "model", 8), (16, "data", 8),  # 16: depthwise
+    (16, "data", 2),  # 2 examples: not split over all 8 devices, the conv run whole
+])
+def test_a_kernel_gradient_summed_over_some_axes_alone_has_the_unsharded_numbers(groups, examples, batch):
     """A grouped conv's kernel gradient under data parallelism on one axis of a 2x4 mesh (the
     other idle): the examples split, a partial kernel summed. XLA (jax 0.10.2) all-reduces such a
     conv over every device (4x the gradient on 'data', 2x on 'model', ``jax.jit`` given the same
@@ -74,7 +77,7 @@ def test_a_kernel_gradient_summed_over_some_axes_alone_has_the_unsharded_numbers
                                                      feature_group_count=groups)
     step = lambda w, x: jax.grad(lambda w: jnp.sum(conv(x, w) ** 2))(w)  # noqa: E731
     w = jnp.asarray(np.random.RandomState(0).randn(3, 3, 16 // groups, 16), jnp.float32)
-    x = jnp.asarray(np.random.RandomState(1).randn(8, 6, 6, 16), jnp.float32)
+    x = jnp.asarray(np.random.RandomState(1).randn(batch, 6, 6, 16), jnp.float32)
     f = automap.automap(step, mesh=mesh, tactics=[tactics.manual({"w": P(), "x": P(examples)})], search=None)
     np.testing.assert_allclose(f(w, x), step(w, x), rtol=1e-4, atol=1e-2)
 
