@@ -322,8 +322,38 @@ def _batch_groups_kept_whole(op: Op, state, fax: dict[int, Axes], templates_of: 
     if not alt:
         return None  # the sum whole: not measured
     every = tuple(a for a, n in sizes.items() if n > 1)
+    alt = sum_over_every_axis(rule, alt, every, sizes)
+    if not alt:  # the sum cannot be split over every axis: run whole (automap.grouped_conv_guard)
+        return {}, templates_of(op, state, {})
     out = op.linked_outputs[0]
     held = tuple(a for axes in state.spec(out) for a in axes)
     kind = "reduce-scatter" if held == every else "all-reduce"
     operands = tuple(t for t in templates_of(op, state, alt) if t[4] == "operand")
     return alt, operands + ((len(op.linked_inputs), kind, every, state.program.values[out].nbytes, "result"),)
+
+
+def sum_over_every_axis(rule, alt: dict[int, Axes], every: tuple[str, ...], sizes) -> dict[int, Axes]:
+    """The sum factors ``alt`` of a batch-grouped conv whose groups run whole, split over
+    ``every`` mesh axis: XLA (jax 0.10.2) all-reduces such a conv's partial result over every
+    device, so a sum split on some axes alone comes out times the idle axes' size
+    (``benchmarks/grouped_conv_numbers.py``: the kernel gradient 4x with the examples on 'data' of
+    mesh 2x4, 2x on 'model'; right on both, in either order). The idle axes go after those of the
+    first sum factor they divide (a slice of each device's piece: nothing sent); ``{}`` (the conv
+    run whole) where none does.
+
+    >>> from automap.rules.registry import Factor, FactorRule
+    >>> rule = FactorRule(factors=(Factor(8, "reduction"), Factor(3, "reduction")), operands=(), results=())
+    >>> sum_over_every_axis(rule, {0: ("model",)}, ("data", "model"), {"data": 2, "model": 4})
+    {0: ('model', 'data')}
+    >>> sum_over_every_axis(rule, {1: ("data",)}, ("data", "model"), {"data": 2, "model": 4})
+    {}
+    """
+    held = {a for axes in alt.values() for a in axes}
+    idle = tuple(a for a in every if a not in held)
+    if not idle:
+        return alt
+    for f in alt:
+        axes = (*alt[f], *idle)
+        if rule.factors[f].size % math.prod(sizes[a] for a in axes) == 0:
+            return {**alt, f: axes}
+    return {}

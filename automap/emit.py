@@ -147,7 +147,7 @@ class _Replay:
         self.mesh = mesh
         self.pins = pins
         self.shared = _shared_values(self.program)
-        self.guard = guard or {}  # op id -> (operand specs, result spec): automap.grouped_conv_guard
+        self.guard = guard or {}  # op id -> (operand specs, result spec, priced specs): automap.grouped_conv_guard
 
     def sharding(self, vid: int) -> NamedSharding:
         return NamedSharding(self.mesh, self.state.partition_spec(vid))
@@ -200,8 +200,9 @@ class _Replay:
         if traits_of(op.primitive).emit == "whole_cut_operand" and op.inputs and op.inputs[0] in self.shared:
             args[0] = self.whole_cut_dims(op, args[0])
         guard = self.guard.get(op.id)
-        if guard is not None:  # a batch-grouped conv kept within its groups (automap.grouped_conv_guard)
-            args = [self.constrain(x, spec) for x, spec in zip(args, guard[0], strict=True)]
+        if guard is not None:  # a batch-grouped conv in the layout priced (automap.grouped_conv_guard)
+            args = [self.constrain(self.constrain(x, was) if _splits_more(spec, was) else x, spec)
+                    for x, spec, was in zip(args, guard[0], guard[2][:-1], strict=True)]
         with jax.named_scope(op_scope(op)):  # the HLO's op_name metadata names automap's op
             if op.primitive == "scan":
                 outs = self.run_scan(op, args)
@@ -209,6 +210,8 @@ class _Replay:
                 outs = _compat.replay_eqn(op.eqn, args)
         if guard is not None:
             outs = [self.constrain(outs[0], guard[1])]
+            if _splits_more(guard[1], guard[2][-1]):
+                outs = [self.constrain(outs[0], guard[2][-1])]
         for vid, x in zip(op.outputs, outs, strict=True):
             self.put(env, vid, x)
 
@@ -299,10 +302,22 @@ def _shared_values(program: Program) -> frozenset[int]:
     return frozenset(v for v, n in uses.items() if n > 1)
 
 
+def _splits_more(spec: Any, than: Any) -> bool:
+    """Whether ``spec`` splits on a mesh axis ``than`` does not: a guarded conv's operand split
+    further for it is pinned in its priced layout first, else XLA's propagation spreads the split
+    to its producers (:mod:`automap.grouped_conv_guard`; a constraint to a coarser layout leaves
+    them be, and a pin there kept XLA from sharing the conv's gather with the forward conv's).
+
+    >>> _splits_more(((("data", "model")), ()), (("data",), ())), _splits_more(((), ()), (("data",), ()))
+    (True, False)
+    """
+    return bool({a for axes in spec for a in axes} - {a for axes in than for a in axes})
+
+
 def replay_fn(state: ShardingState, mesh: Mesh, pins: Iterable[int]) -> Callable[..., list[Any]]:
     """A function of the program's flat inputs returning its flat outputs, with constraints: on
     the pinned values, and on the operands and result of every batch-grouped convolution XLA
-    could split past its groups, in the layout the program is priced in
+    could split past its groups or sum wrong, in the layout the program is priced in
     (:mod:`automap.grouped_conv_guard`: the plan's where it pins anything, else the layout XLA's
     propagation gives it, :func:`automap.xla_layout.xla_layout`)."""
     pins = frozenset(pins)

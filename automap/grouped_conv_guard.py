@@ -10,7 +10,16 @@ on mesh 2x4: the cotangent's features on 'model' abort whatever the other layout
 propagation reaches such a split from innocent input specs (held-out hf_regnet's default plan:
 a kernel split on its output features over ('data', 'model'), the inputs-only program).
 
-Where a mesh axis, or a product of axes, could split such a conv past its groups
+XLA also gets such a conv's numbers wrong (any batch-grouped conv, depthwise ones too): whose
+groups run whole and whose sum (the examples) is split on some mesh axes alone, it all-reduces the
+partial result over every device, times the idle axes' size (``python
+benchmarks/grouped_conv_numbers.py``: 4x with the examples on 'data' of mesh 2x4, 2x on 'model';
+the forward conv and the input gradient right). The cost model runs it with its sum split over
+every axis (:func:`automap.contraction_layouts.sum_over_every_axis`), or whole, and the guard
+constrains it so.
+
+Where a mesh axis, or a product of axes, could split such a conv past its groups, or its sum be
+split on some axes alone
 (:func:`at_risk`), every program :func:`automap.emit.compile_plan` builds constrains the conv's
 operands and its result to the layout the cost model runs it in (:func:`guarded_layouts`: its
 execution factors, :func:`automap.analysis.execution_factors`, of the layout the program is
@@ -27,7 +36,7 @@ search's final candidates and a plan that pins nothing are all compiled through 
 ...     dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=2), jnp.ones((3, 8, 16)))[1](dy)[0]
 >>> prog = lower(jax.make_jaxpr(grad)(x, dy), ["x", "dy"], ["dw"])
 >>> conv = next(op for op in prog.ops if op.params.get("batch_group_count", 1) > 1)
->>> at_risk(conv, {"data": 2, "model": 4}), at_risk(conv, {"data": 2})  # 4 and 8 do not divide 2 groups
+>>> at_risk(conv, {"data": 4}), at_risk(conv, {"data": 2})  # 4 does not divide 2 groups
 (True, False)
 >>> state = ShardingState.initial(prog, {"data": 2, "model": 4})
 >>> state = state.replace(specs={**state.specs, prog.outputs[0]: ((), (), ("data", "model"))})
@@ -50,23 +59,32 @@ __all__ = ["at_risk", "guarded_layouts"]
 
 
 def at_risk(op: Op, sizes: Mapping[str, int]) -> bool:
-    """Whether ``op`` is a batch-grouped convolution holding more channels than groups (``b > 1``)
-    that some product of the mesh axes ``sizes`` could split without dividing its groups."""
+    """Whether ``op`` is a batch-grouped convolution that XLA could get wrong on the mesh axes
+    ``sizes``: on two axes or more, its sum split on some alone (wrong numbers, depthwise convs
+    too: :func:`automap.contraction_layouts.sum_over_every_axis`); or holding more channels than
+    groups (``b > 1``) that some product of the axes could split without dividing its groups (an
+    abort)."""
     groups = op.params.get("batch_group_count", 1) if op.primitive == "conv_general_dilated" else 1
     numbers = op.params.get("dimension_numbers")
     if groups == 1 or numbers is None or not op.has_rule:
         return False
+    if sum(n > 1 for n in sizes.values()) > 1:  # its sum could be split on some axes alone: wrong numbers
+        return True
     if len(op.rule.operands[0][numbers[0][0]]) < 2:  # the lhs batch only the groups: a depthwise conv's
         return False
     ways = {math.prod(c) for n in range(1, len(sizes) + 1) for c in itertools.combinations(sizes.values(), n)}
     return any(k > 1 and groups % k for k in ways)
 
 
-def guarded_layouts(state: ShardingState) -> dict[int, tuple[tuple[Spec, ...], Spec]]:
-    """Op id -> (its operands' specs, its result's spec) for every :func:`at_risk` convolution
-    of ``state``'s program: the layout it runs in by the cost model, the lhs batch and the
-    output-feature dims made whole where their axes together do not divide the groups."""
-    out: dict[int, tuple[tuple[Spec, ...], Spec]] = {}
+def guarded_layouts(state: ShardingState) -> dict[int, tuple[tuple[Spec, ...], Spec, tuple[Spec, ...]]]:
+    """Op id -> (its operands' specs, its result's spec, the specs its operands and result are
+    priced in) for every :func:`at_risk` convolution of ``state``'s program: the layout it runs in
+    by the cost model, the lhs batch and the output-feature dims made whole where their axes
+    together do not divide the groups. The program pins its operands and its result in the layout
+    priced either side (a constraint on the conv's operands alone let XLA's propagation spread its
+    examples' split over ('data', 'model') to the whole of held-out nnx_lora's data-parallel step:
+    0.28x the FLOPs estimated)."""
+    out: dict[int, tuple[tuple[Spec, ...], Spec, tuple[Spec, ...]]] = {}
     sizes: dict[str, int] = {}  # the plan's mesh (a layout of XLA's can hold sub-axes: automap.sub_axes)
     for a, n in state.axes.items():
         sizes[whole_axis(a)] = sizes.get(whole_axis(a), 1) * n
@@ -82,7 +100,8 @@ def guarded_layouts(state: ShardingState) -> dict[int, tuple[tuple[Spec, ...], S
         if op.params["batch_group_count"] % math.prod(sizes[a] for a in axes):
             for i, d in risky:
                 specs[i] = tuple(() if k == d else dim for k, dim in enumerate(specs[i]))
-        out[op.id] = (tuple(specs[:2]), specs[2])
+        priced = tuple(_on_the_mesh(state.spec(v), sizes) for v in (*op.inputs, op.outputs[0]))
+        out[op.id] = (tuple(specs[:2]), specs[2], priced)
     return out
 
 

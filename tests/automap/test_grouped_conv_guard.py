@@ -55,13 +55,15 @@ def test_jax_jit_given_the_same_specs_aborts():
     assert done.returncode != 0 and "new_input_batch_size % new_output_batch_size" in done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "XLA (jax 0.10.2) all-reduces a batch-grouped conv's partial sum over every device when the summed examples are "
-    "split on some mesh axes and the conv on no other: the kernel gradient comes out times the idle axes' size (4x "
-    "here; jax.jit given the same specs does the same; depthwise convs too); not guarded yet"))
-def test_a_kernel_gradient_summed_over_data_alone_has_the_unsharded_numbers():
-    """A grouped conv's kernel gradient under data parallelism on 'data' of a 2x4 mesh ('model'
-    idle): the examples split on 'data', a partial kernel summed."""
+@pytest.mark.parametrize("groups, examples, batch", [
+    (2, "data", 8), (2, "model", 8), (16, "data", 8),  # 16: depthwise
+    (16, "data", 2),  # 2 examples: not split over all 8 devices, the conv run whole
+])
+def test_a_kernel_gradient_summed_over_some_axes_alone_has_the_unsharded_numbers(groups, examples, batch):
+    """A grouped conv's kernel gradient under data parallelism on one axis of a 2x4 mesh (the
+    other idle): the examples split, a partial kernel summed. XLA (jax 0.10.2) all-reduces such a
+    conv over every device (4x the gradient on 'data', 2x on 'model', ``jax.jit`` given the same
+    specs; ``benchmarks/grouped_conv_numbers.py``): automap's program splits the sum over both axes."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -72,9 +74,42 @@ def test_a_kernel_gradient_summed_over_data_alone_has_the_unsharded_numbers():
 
     mesh = automap.make_mesh({"data": 2, "model": 4})
     conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),  # noqa: E731
-                                                     feature_group_count=2)
+                                                     feature_group_count=groups)
     step = lambda w, x: jax.grad(lambda w: jnp.sum(conv(x, w) ** 2))(w)  # noqa: E731
-    w = jnp.asarray(np.random.RandomState(0).randn(3, 3, 8, 16), jnp.float32)
-    x = jnp.asarray(np.random.RandomState(1).randn(8, 6, 6, 16), jnp.float32)
-    f = automap.automap(step, mesh=mesh, tactics=[tactics.manual({"w": P(), "x": P("data")})], search=None)
+    w = jnp.asarray(np.random.RandomState(0).randn(3, 3, 16 // groups, 16), jnp.float32)
+    x = jnp.asarray(np.random.RandomState(1).randn(batch, 6, 6, 16), jnp.float32)
+    f = automap.automap(step, mesh=mesh, tactics=[tactics.manual({"w": P(), "x": P(examples)})], search=None)
     np.testing.assert_allclose(f(w, x), step(w, x), rtol=1e-4, atol=1e-2)
+
+
+def test_a_kernel_gradient_split_further_leaves_its_producers_in_the_layout_priced():
+    """Data parallelism on 'data' of a 2x4 mesh over a dense layer then a depthwise conv: the
+    guard splits the conv's kernel gradient's examples over ('data', 'model'). Constrained on its
+    operands alone, XLA's propagation spread that split back to the dense layer's gradient (held-out
+    nnx_lora's step: 0.28x the dot FLOPs estimated); pinned in the layout priced first, XLA runs the
+    FLOPs and sends the bytes estimated, with the unsharded step's numbers."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import automap
+    import tactics
+
+    def loss(params, x):
+        h = jnp.tanh(x @ params["u"])
+        y = jax.lax.conv_general_dilated(h, params["w"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                         feature_group_count=16)
+        return jnp.mean(y ** 2)
+
+    step = jax.grad(loss)
+    rng = np.random.RandomState(0)
+    params = {"u": jnp.asarray(rng.randn(8, 16), jnp.float32), "w": jnp.asarray(rng.randn(3, 3, 1, 16), jnp.float32)}
+    x = jnp.asarray(rng.randn(8, 6, 6, 8), jnp.float32)
+    f = automap.automap(step, mesh=automap.make_mesh({"data": 2, "model": 4}), search=None,
+                        tactics=[tactics.data_parallel("data")])
+    fid = f.verify(params, x, warn=False)
+    assert fid.dot_flops.estimated == fid.dot_flops.measured > 0
+    assert fid.bytes_sent.estimated == fid.bytes_sent.measured
+    for a, b in zip(jax.tree.leaves(f(params, x)), jax.tree.leaves(step(params, x)), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
