@@ -2,7 +2,7 @@
 encoder layer, a weight-tied recurrence unrolled in a Python loop).
 
 Such a model has no numbered modules (every application runs under the same module path) and no
-group of alike parameters one per layer: :func:`~automap.ir.recompute.structural_blocks` finds
+group of alike parameters one per layer: :func:`~automap.ir.recompute_units.structural_blocks` finds
 nothing, yet each application is a block of the forward whose residuals can be recomputed. Its
 parameters give it away: each is read once per application, the reads one period apart (the
 ops of identical applications repeat). :func:`shared_layers` groups the inputs the forward reads
