@@ -292,7 +292,21 @@ def batch_groups_split_within(op: Op, state) -> bool:
     3x3 kernel gradient over 16 channels in 2 groups (the lhs on 'model' or ('data', 'model'),
     the examples whole or on 'data', the cotangent and the result whole or on 'data'; 4 groups:
     ('data', 'model')): 589,824 FLOPs (2 groups) where the estimate split the groups on 'data'
-    (147,456, its lhs moved from 'model'; a held-out RegNet's fsdp plan 0.89x XLA's dot FLOPs)."""
+    (147,456, its lhs moved from 'model'; a held-out RegNet's fsdp plan 0.89x XLA's dot FLOPs).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> from automap.shardings import ShardingState
+    >>> conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"),
+    ...                                                  feature_group_count=2)
+    >>> dw = lambda x, w: jax.grad(lambda w: conv(x, w).sum())(w)  # a 2-group kernel gradient over 8 channels
+    >>> prog = lower(jax.make_jaxpr(dw)(jnp.ones((4, 6, 8)), jnp.ones((3, 4, 8))), ["x", "w"], ["dw"])
+    >>> op = next(op for op in prog.ops if op.params.get("batch_group_count", 1) > 1)
+    >>> state = ShardingState.initial(prog, {"data": 2, "model": 4})
+    >>> on = lambda axis: state.replace(specs={**state.specs, op.linked_inputs[0]: ((), (), (axis,))})
+    >>> batch_groups_split_within(op, on("data")), batch_groups_split_within(op, on("model"))  # 4 ways past 2 groups
+    (False, True)
+    """
     numbers = op.params.get("dimension_numbers")
     groups = op.params.get("batch_group_count", 1)
     if groups == 1 or numbers is None or not op.rule.operands or not op.rule.operands[0][numbers[0][0]]:

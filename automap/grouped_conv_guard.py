@@ -53,7 +53,7 @@ from automap.analysis import execution_factors
 from automap.factors import compose_spec
 from automap.ir.program import Op
 from automap.shardings import ShardingState, Spec
-from automap.sub_axes import sub_axes, whole_axis
+from automap.sub_axes import on_whole_axes, whole_axis
 
 __all__ = ["at_risk", "guarded_layouts"]
 
@@ -85,14 +85,15 @@ def guarded_layouts(state: ShardingState) -> dict[int, tuple[tuple[Spec, ...], S
     examples' split over ('data', 'model') to the whole of held-out nnx_lora's data-parallel step:
     0.28x the FLOPs estimated)."""
     out: dict[int, tuple[tuple[Spec, ...], Spec, tuple[Spec, ...]]] = {}
-    sizes: dict[str, int] = {}  # the plan's mesh (a layout of XLA's can hold sub-axes: automap.sub_axes)
+    sizes: dict[str, int] = {}  # the plan's mesh: a layout of XLA's can hold sub-axes (automap.sub_axes), which
+    # a NamedSharding cannot name (held-out hf_regnet's manual_fsdp failed to compile on 'model:(1)2')
     for a, n in state.axes.items():
         sizes[whole_axis(a)] = sizes.get(whole_axis(a), 1) * n
     for op, _ in state.program.walked:
         if not at_risk(op, state.axes):
             continue
         fax, rule = execution_factors(op, state), op.rule
-        specs = [_on_the_mesh(compose_spec(dims, fax, rule, state.axes), sizes)
+        specs = [on_whole_axes(compose_spec(dims, fax, rule, state.axes), sizes)
                  for dims in (*rule.operands, rule.results[0])]
         lhs, rhs, res = op.params["dimension_numbers"]
         risky = ((0, lhs[0]), (1, rhs[0]), (2, res[1]))  # lhs batch, kernel and result output features
@@ -100,30 +101,7 @@ def guarded_layouts(state: ShardingState) -> dict[int, tuple[tuple[Spec, ...], S
         if op.params["batch_group_count"] % math.prod(sizes[a] for a in axes):
             for i, d in risky:
                 specs[i] = tuple(() if k == d else dim for k, dim in enumerate(specs[i]))
-        priced = tuple(_on_the_mesh(state.spec(v), sizes) for v in (*op.inputs, op.outputs[0]))
+        priced = tuple(on_whole_axes(state.spec(v), sizes) for v in (*op.inputs, op.outputs[0]))
         out[op.id] = (tuple(specs[:2]), specs[2], priced)
     return out
 
-
-def _on_the_mesh(spec: Spec, sizes: Mapping[str, int]) -> Spec:
-    """``spec`` on the mesh axes ``sizes``: each run of one axis's sub-axes (major first) given
-    back as the axis, a part of an axis dropped (a ``NamedSharding`` names whole axes; held-out
-    hf_regnet's manual_fsdp plan failed to compile on ``'model:(1)2'`` without it).
-
-    >>> _on_the_mesh((("data", "model:(1)2", "model:(2)2"), ("model:(1)2",), ()), {"data": 2, "model": 4})
-    (('data', 'model'), (), ())
-    """
-    parts = {a: tuple(name for name, _ in subs) for a, subs in sub_axes(sizes).items()}
-    out = []
-    for axes in spec:
-        kept, i = [], 0
-        while i < len(axes):
-            axis = whole_axis(axes[i])
-            names = (axis,) if axes[i] == axis else parts.get(axis, (axis,))
-            if tuple(axes[i:i + len(names)]) == names:
-                kept.append(axis)
-                i += len(names)
-            else:
-                i += 1
-        out.append(tuple(kept))
-    return tuple(out)

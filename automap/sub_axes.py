@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 Spec = tuple[tuple[str, ...], ...]
 
-__all__ = ["coarsened", "refined", "sub_axes", "whole_axis"]
+__all__ = ["coarsened", "on_whole_axes", "refined", "sub_axes", "whole_axis"]
 
 
 def _prime_power(n: int) -> tuple[int, int] | None:
@@ -95,20 +95,44 @@ def coarsened(state: ShardingState, specs: Mapping[int, Spec]) -> tuple[dict[str
     >>> coarsened(mesh, {7: (("data", "model:(1)2"), ("model:(2)2",))}) is None
     True
     """
-    parts = {a: tuple(name for name, _ in subs) for a, subs in sub_axes(state.axes).items()}
+    parts = _parts(state.axes)
     out = {}
     for v, spec in specs.items():
-        dims = []
-        for axes in spec:
-            whole: list[str] = []
-            i = 0
-            while i < len(axes):
-                axis = whole_axis(axes[i])
-                names = parts.get(axis, (axis,))
-                if tuple(axes[i:i + len(names)]) != names:
-                    return None
-                whole.append(axis)
-                i += len(names)
-            dims.append(tuple(whole))
-        out[v] = tuple(dims)
+        dims = [_whole_dim(axes, parts) for axes in spec]
+        if not all(complete for _, complete in dims):
+            return None
+        out[v] = tuple(whole for whole, _ in dims)
     return dict(state.axes), out
+
+
+def on_whole_axes(spec: Spec, sizes: Mapping[str, int]) -> Spec:
+    """``spec`` on the whole mesh axes ``sizes``: each run of an axis's sub-axes (all of them,
+    major first) given back as the axis, a part of an axis dropped (as :func:`coarsened`, which
+    gives up there instead; a ``NamedSharding`` names whole axes).
+
+    >>> on_whole_axes((("data", "model:(1)2", "model:(2)2"), ("model:(1)2",), ()), {"data": 2, "model": 4})
+    (('data', 'model'), (), ())
+    """
+    parts = _parts(sizes)
+    return tuple(_whole_dim(axes, parts)[0] for axes in spec)
+
+
+def _parts(sizes: Mapping[str, int]) -> dict[str, tuple[str, ...]]:
+    """Axis -> the names of its sub-axes, major first (axes :func:`sub_axes` splits)."""
+    return {a: tuple(name for name, _ in subs) for a, subs in sub_axes(sizes).items()}
+
+
+def _whole_dim(axes: tuple[str, ...], parts: Mapping[str, tuple[str, ...]]) -> tuple[tuple[str, ...], bool]:
+    """(the whole axes of one dim's ``axes``: each axis, or all its sub-axes in order; whether
+    nothing was left out: a part of an axis is skipped)."""
+    whole: list[str] = []
+    complete, i = True, 0
+    while i < len(axes):
+        axis = whole_axis(axes[i])
+        names = (axis,) if axes[i] == axis else parts.get(axis, (axis,))
+        if tuple(axes[i:i + len(names)]) == names:
+            whole.append(axis)
+            i += len(names)
+        else:
+            complete, i = False, i + 1
+    return tuple(whole), complete

@@ -19,6 +19,7 @@ with the examples on ('data', 'model') or ('model', 'data'), or the channels on 
 groups on 'model' abort where the result's output features are on it too). The forward conv and
 the input gradient are right in all 84 of their layouts.
 """
+import ast
 import itertools
 import subprocess
 import sys
@@ -62,7 +63,7 @@ def run(cases: list[tuple]) -> dict[tuple, str]:
         done = subprocess.run([sys.executable, "-c", _CASES.format(cases=todo)], capture_output=True, text=True)
         for line in done.stdout.splitlines():
             case, _, verdict = line.partition(") ")
-            got[eval(case + ")")] = verdict
+            got[ast.literal_eval(case + ")")] = verdict
         if done.returncode != 0:
             got[next(c for c in cases if c not in got)] = "ABORTS"
     return got

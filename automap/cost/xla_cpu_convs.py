@@ -71,7 +71,19 @@ def expanded_densely(program: Program, op: Op) -> bool:
     a depthwise one with a channel multiplier) it rewrites into an ungrouped convolution over
     the groups as a base-dilated spatial dim, no larger than its result (a vmapped 4-group conv
     over 128 channels: 16 groups of 8, its 12 KiB kernel gradient counted 16 times over, twice,
-    393,216 B, where XLA holds 12 KiB)."""
+    393,216 B, where XLA holds 12 KiB).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from automap.ir.lower import lower
+    >>> def kernel_gradient(groups):  # of a conv over 8 channels in ``groups`` groups
+    ...     conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"),
+    ...                                                      feature_group_count=groups)
+    ...     dw = lambda x, w: jax.grad(lambda w: conv(x, w).sum())(w)
+    ...     prog = lower(jax.make_jaxpr(dw)(jnp.ones((4, 6, 8)), jnp.ones((3, 8 // groups, 8))), ["x", "w"], ["dw"])
+    ...     return prog, next(op for op in prog.ops if op.params.get("batch_group_count", 1) > 1)
+    >>> expanded_densely(*kernel_gradient(8)), expanded_densely(*kernel_gradient(2))  # depthwise; 2 groups of 4
+    (True, False)
+    """
     groups = op.params.get("batch_group_count", 1)
     numbers = op.params.get("dimension_numbers")
     if groups == 1 or numbers is None:
